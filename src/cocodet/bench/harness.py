@@ -1,0 +1,150 @@
+"""The wait/work split (DESIGN §6, the book's harness).
+
+Every step is split into *wait* (blocked in ``next(iterator)``) and *work* (the consumer,
+CUDA-synchronised before the clock is read). Warm-up batches are discarded; examples/s is
+counted from the examples actually returned and is the verdict. The wait fraction only says
+where to look: it also falls when the work merely got slower.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+import psutil
+import torch
+
+
+def _ms(x: float) -> float:
+    return round(1000.0 * x, 3)
+
+
+class PeakSampler:
+    """Background sampler of peak RSS (main + all children) and peak /dev/shm bytes used."""
+
+    def __init__(self, shm_path: str = "/dev/shm", interval_s: float = 0.05):
+        self.shm_path, self.interval_s = shm_path, interval_s
+        self.peak_rss = self.peak_shm = 0
+        self.worker_rss: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._shm_base = self._shm_used()
+
+    def _shm_used(self) -> int:
+        try:
+            st = os.statvfs(self.shm_path)
+        except OSError:
+            return 0
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def sample(self) -> None:
+        me = psutil.Process()
+        rss = me.memory_info().rss
+        for child in me.children(recursive=True):
+            try:
+                r = child.memory_info().rss
+            except psutil.Error:
+                continue
+            rss += r
+            self.worker_rss[child.pid] = r
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_shm = max(self.peak_shm, self._shm_used() - self._shm_base)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> "PeakSampler":
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Measurement:
+    waits: list[float] = field(default_factory=list)
+    works: list[float] = field(default_factory=list)
+    examples: list[int] = field(default_factory=list)
+    first_batch_s: float = float("nan")
+
+    def report(self, warmup: int) -> dict:
+        waits, works = np.array(self.waits[warmup:]), np.array(self.works[warmup:])
+        examples = int(np.sum(self.examples[warmup:]))
+        total = float(waits.sum() + works.sum())
+        if len(waits) == 0:
+            raise ValueError(f"no batches left after discarding {warmup} warm-up batches; "
+                             f"measured {len(self.waits)} — raise bench.batches or lower bench.warmup")
+        return {
+            "examples_per_s": round(examples / total, 3) if total > 0 else float("inf"),
+            "wait_mean_ms": _ms(waits.mean()),
+            "wait_p50_ms": _ms(np.percentile(waits, 50)),
+            "wait_p95_ms": _ms(np.percentile(waits, 95)),
+            "wait_max_ms": _ms(waits.max()),
+            "work_mean_ms": _ms(works.mean()),
+            "step_mean_ms": _ms((waits + works).mean()),
+            "wait_fraction": round(float(waits.sum() / total), 4) if total > 0 else 0.0,
+            "first_batch_s": round(self.first_batch_s, 4),
+            "batches": len(self.waits),
+            "measured_batches": len(waits),
+            "examples": examples,
+        }
+
+
+def measure(loader: Iterable, consume: Callable[[object], None], count: Callable[[object], int],
+            max_batches: int | None = None, on_batch: Callable[[object], None] | None = None,
+            sync_cuda: bool = False) -> Measurement:
+    """Iterate ``loader`` once (or ``max_batches``), timing wait and work of every batch.
+
+    The first batch's wait includes iterator start-up (worker launch), which is also
+    recorded alone as ``first_batch_s``.
+    """
+    m = Measurement()
+    sync = torch.cuda.synchronize if sync_cuda and torch.cuda.is_available() else (lambda: None)
+    start = time.perf_counter()
+    iterator = iter(loader)
+    while max_batches is None or len(m.waits) < max_batches:
+        t0 = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        t1 = time.perf_counter()
+        if not m.waits:
+            m.first_batch_s = t1 - start
+        if on_batch is not None:
+            on_batch(batch)  # bookkeeping (digest, stage times) is not the consumer's work
+        t1b = time.perf_counter()
+        consume(batch)
+        sync()
+        t2 = time.perf_counter()
+        m.waits.append(t1 - t0)
+        m.works.append(t2 - t1b)
+        m.examples.append(count(batch))
+    return m
+
+
+def spin(iterations: int) -> int:
+    """Fixed CPU work counted in iterations (not by the clock), so contention shows as time."""
+    acc = 0
+    for k in range(iterations):
+        acc ^= k
+    return acc
+
+
+def calibrate_spin(target_ms: float = 1.0, repeats: int = 5) -> int:
+    """Iterations of ``spin`` that take ``target_ms`` on an idle core (best of ``repeats``)."""
+    n = 200_000
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        spin(n)
+        best = min(best, time.perf_counter() - t0)
+    return max(1, int(n * (target_ms / 1000.0) / best))

@@ -1,0 +1,139 @@
+"""What the host offers a DataLoader: CPUs, /dev/shm, file descriptors, maps, memory.
+
+Every number is read at call time (free shm changes while a machine runs); nothing is cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class HostResources:
+    affinity_cpus: int
+    cgroup_cpus: float | None  # CPU quota in cores, None when unlimited
+    local_world_size: int
+    usable_cpus: int  # per local rank, floor 1
+    shm_path: str
+    shm_total_bytes: int | None  # None: no such filesystem (macOS, Windows, or a test's probe path)
+    shm_free_bytes: int | None
+    nofile_soft: int
+    nofile_hard: int
+    max_map_count: int | None
+    memory_available_bytes: int
+    memory_source: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _own_cgroup_dirs() -> list[Path]:
+    """cgroup v2 directories of this process, innermost first, up to the root."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return [CGROUP_ROOT]
+    rel = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), "/")
+    path = CGROUP_ROOT / rel.lstrip("/")
+    dirs = [path, *path.parents]
+    return [d for d in dirs if str(d).startswith(str(CGROUP_ROOT))]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_limit() -> float | None:
+    """The tightest CPU quota in cores (cgroup v2 ``cpu.max`` or v1 CFS quota), None if unlimited."""
+    limits = []
+    for d in _own_cgroup_dirs():
+        text = _read(d / "cpu.max")
+        if text and not text.startswith("max"):
+            quota, period = text.split()[:2]
+            limits.append(int(quota) / int(period))
+    quota, period = _read(CGROUP_ROOT / "cpu" / "cpu.cfs_quota_us"), _read(CGROUP_ROOT / "cpu" / "cpu.cfs_period_us")
+    if quota and period and int(quota) > 0:
+        limits.append(int(quota) / int(period))
+    return min(limits) if limits else None
+
+
+def memory_available() -> tuple[int, str]:
+    """Bytes this process may still allocate: the tighter of the cgroup limit and MemAvailable."""
+    mem_available = None
+    for line in (_read(Path("/proc/meminfo")) or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            mem_available = int(line.split()[1]) * 1024
+    candidates = []
+    if mem_available is not None:
+        candidates.append((mem_available, "MemAvailable"))
+    for d in _own_cgroup_dirs():
+        limit, current = _read(d / "memory.max"), _read(d / "memory.current")
+        if limit and limit != "max" and current:
+            candidates.append((int(limit) - int(current), f"cgroup v2 {d}/memory.max"))
+    v1_limit = _read(CGROUP_ROOT / "memory" / "memory.limit_in_bytes")
+    v1_usage = _read(CGROUP_ROOT / "memory" / "memory.usage_in_bytes")
+    if v1_limit and v1_usage and int(v1_limit) < 1 << 60:
+        candidates.append((int(v1_limit) - int(v1_usage), "cgroup v1 memory.limit_in_bytes"))
+    if not candidates:
+        import psutil
+
+        return int(psutil.virtual_memory().available), "psutil"
+    return min(candidates)
+
+
+def shm_space(shm_path: str) -> tuple[int | None, int | None]:
+    """(total, free) bytes of the shm filesystem, or (None, None) when it does not exist."""
+    try:
+        st = os.statvfs(shm_path)
+    except OSError:
+        return None, None
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def local_world_size(default: int = 1) -> int:
+    for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return max(1, default)
+
+
+def probe(shm_path: str = "/dev/shm", ranks_per_host: int = 1) -> HostResources:
+    """Read every resource the loader plan needs."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpu_limit()
+    cpus = min(affinity, int(quota)) if quota else affinity
+    ranks = local_world_size(ranks_per_host)
+    total, free = shm_space(shm_path)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    maps = _read(Path("/proc/sys/vm/max_map_count"))
+    mem, source = memory_available()
+    return HostResources(
+        affinity_cpus=affinity, cgroup_cpus=quota, local_world_size=ranks, usable_cpus=max(1, max(1, cpus) // ranks),
+        shm_path=shm_path, shm_total_bytes=total, shm_free_bytes=free, nofile_soft=soft, nofile_hard=hard,
+        max_map_count=int(maps) if maps and maps.isdigit() else None, memory_available_bytes=mem, memory_source=source,
+    )
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (received shm segments each hold an fd)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("raised RLIMIT_NOFILE soft limit %d -> %d (hard %d)", soft, target, hard)
+            return soft, target
+        except (ValueError, OSError) as e:
+            log.warning("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, target, e)
+    return soft, soft

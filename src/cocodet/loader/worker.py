@@ -1,0 +1,24 @@
+"""Worker hygiene: one thread per worker, OpenCV threads and OpenCL off, seeded RNGs.
+
+Passing our own worker_init_fn turns Lightning's worker seeding off, so this seeds Python,
+numpy and torch itself. The data recipe does not use those generators (it draws from
+per-sample generators, DESIGN §5); seeding them keeps user code in workers reproducible.
+"""
+
+from __future__ import annotations
+
+import random
+
+import cv2
+import numpy as np
+import torch
+
+
+def worker_init_fn(worker_id: int) -> None:
+    # N workers each running a full intra-op pool oversubscribe the cores N-fold.
+    torch.set_num_threads(1)
+    cv2.setNumThreads(0)  # OpenCV's own pool deadlocks/oversubscribes under fork
+    cv2.ocl.setUseOpenCL(False)
+    seed = torch.initial_seed() % 2**32  # base_seed + worker_id, set by the DataLoader
+    random.seed(seed)
+    np.random.seed(seed)

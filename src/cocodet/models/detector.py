@@ -1,0 +1,103 @@
+"""The detector LightningModule: torchvision model, COCO evaluation each validation epoch."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from functools import partial
+
+import lightning as L
+import numpy as np
+import torch
+
+from cocodet.models.evaluation import STAT_NAMES, detections_to_coco, evaluate, load_ground_truth, to_original_frame
+
+log = logging.getLogger(__name__)
+
+
+class DetectorModule(L.LightningModule):
+    """Trains a torchvision detector on restored batches ``(images, targets)``.
+
+    Args:
+        model: a torchvision detection model (train mode returns losses, eval mode detections).
+        optimizer: a partial taking the parameters (Hydra ``_partial_: true``).
+        scheduler: optional partial taking the optimizer; ``total_steps``/``T_max`` are filled
+            from the trainer when the scheduler takes them and the config left them out.
+        scheduler_interval: "step" or "epoch".
+        val_ann_file: COCO ground truth for COCOeval.
+        category_ids: original COCO category id of each contiguous label 1..K.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: partial, val_ann_file: str, category_ids: list[int],
+                 scheduler: partial | None = None, scheduler_interval: str = "step"):
+        super().__init__()
+        self.model = model
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.scheduler_interval = scheduler_interval
+        self.val_ann_file = val_ann_file
+        self.category_ids = np.asarray(category_ids, dtype=np.int64)
+        self._gt = None
+        self._results: list[dict] = []
+        self._image_ids: list[int] = []
+        self.last_metrics: dict[str, float] = {}
+
+    def forward(self, images):
+        return self.model(images)
+
+    def training_step(self, batch, batch_idx):
+        images, targets = batch
+        losses = self.model(images, targets)
+        loss = sum(losses.values())
+        bs = len(images)
+        self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
+        return loss
+
+    def on_validation_epoch_start(self):
+        self._results, self._image_ids = [], []
+
+    def validation_step(self, batch, batch_idx):
+        images, targets = batch
+        outputs = self.model(images)
+        for out, target in zip(outputs, targets):
+            boxes = to_original_frame(out["boxes"].float().cpu().numpy(), target["transform"].cpu().numpy())
+            labels = out["labels"].cpu().numpy()
+            image_id = int(target["image_id"])
+            self._image_ids.append(image_id)
+            self._results.extend(detections_to_coco(image_id, boxes, out["scores"].float().cpu().numpy(),
+                                                    self.category_ids[labels - 1]))
+
+    def on_validation_epoch_end(self):
+        results, image_ids = self._results, self._image_ids
+        if self.trainer.world_size > 1:  # every rank evaluates the union, so logged values agree
+            gathered = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(gathered, (results, image_ids))
+            results = [r for part in gathered for r in part[0]]
+            image_ids = [i for part in gathered for i in part[1]]
+        if self._gt is None:
+            self._gt = load_ground_truth(self.val_ann_file)
+        stats = evaluate(self._gt, results, image_ids)
+        report = stats.pop("report", "")
+        if not self.trainer.sanity_checking:
+            log.info("COCOeval (epoch %d, %d images, %d detections):\n%s", self.current_epoch, len(set(image_ids)),
+                     len(results), report)
+            self.last_metrics = stats
+        self.log_dict({f"val/{k}": stats[k] for k in STAT_NAMES if k != "map50"})
+        self.log("val/map50", stats["map50"], prog_bar=True)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(params=[p for p in self.parameters() if p.requires_grad])
+        if self.scheduler_factory is None:
+            return optimizer
+        kwargs = {}
+        func = getattr(self.scheduler_factory, "func", self.scheduler_factory)
+        accepted = inspect.signature(func).parameters
+        given = getattr(self.scheduler_factory, "keywords", {})
+        total = int(self.trainer.estimated_stepping_batches)
+        if self.scheduler_interval == "epoch":
+            total = int(self.trainer.max_epochs or 1)
+        for name in ("total_steps", "T_max"):
+            if name in accepted and name not in given:
+                kwargs[name] = total
+        scheduler = self.scheduler_factory(optimizer, **kwargs)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}

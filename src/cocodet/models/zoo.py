@@ -1,0 +1,90 @@
+"""Torchvision detectors by name (the ``model`` config group)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+import torchvision.models.detection as tvd
+from torchvision.models import resnet18
+from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+
+
+def _fcos_resnet18_fpn(*, weights=None, weights_backbone=None, num_classes: int, **kwargs) -> tvd.FCOS:
+    """FCOS on a ResNet-18 FPN (P3-P7): torchvision's FCOS head and losses on a backbone
+    small enough to train from scratch on a CPU in minutes. ``weights`` has no checkpoint."""
+    if weights is not None:
+        raise ValueError("fcos_resnet18_fpn has no detection checkpoint; use weights_backbone=DEFAULT instead")
+    backbone = resnet18(weights=weights_backbone)
+    trainable = 5 if weights_backbone is None else 3  # from scratch every stage must learn
+    backbone = _resnet_fpn_extractor(backbone, trainable, returned_layers=[2, 3, 4],
+                                     extra_blocks=LastLevelP6P7(256, 256))
+    return tvd.FCOS(backbone, num_classes=num_classes, **kwargs)
+
+
+BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
+    "ssdlite320_mobilenet_v3_large": tvd.ssdlite320_mobilenet_v3_large,
+    "fasterrcnn_mobilenet_v3_large_fpn": tvd.fasterrcnn_mobilenet_v3_large_fpn,
+    "fasterrcnn_mobilenet_v3_large_320_fpn": tvd.fasterrcnn_mobilenet_v3_large_320_fpn,
+    "fasterrcnn_resnet50_fpn_v2": tvd.fasterrcnn_resnet50_fpn_v2,
+    "retinanet_resnet50_fpn_v2": tvd.retinanet_resnet50_fpn_v2,
+    "fcos_resnet50_fpn": tvd.fcos_resnet50_fpn,
+    "fcos_resnet18_fpn": _fcos_resnet18_fpn,
+}
+# SSD fixes its own input size in the builder; the others take min/max size for their transform.
+_FIXED_SIZE = {"ssdlite320_mobilenet_v3_large"}
+
+
+def build_detector(name: str, num_classes: int, image_size: int, pretrained: bool = False,
+                   pretrained_backbone: bool = False, **kwargs) -> torch.nn.Module:
+    """Build a torchvision detector.
+
+    Args:
+        name: a key of BUILDERS.
+        num_classes: classes including background (contiguous labels 1..K, 0 = background).
+        image_size: the letterboxed input side; the detector's own transform is set not to resize.
+        pretrained: COCO detection weights (downloads; the head is re-initialised for num_classes).
+        pretrained_backbone: ImageNet backbone weights (downloads).
+        kwargs: passed to the torchvision builder (e.g. box_score_thresh, detections_per_img).
+    """
+    if name not in BUILDERS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(BUILDERS)}")
+    if name not in _FIXED_SIZE:
+        kwargs.setdefault("min_size", image_size)
+        kwargs.setdefault("max_size", image_size)
+    weights = "DEFAULT" if pretrained else None
+    weights_backbone = "DEFAULT" if pretrained_backbone or pretrained else None
+    if pretrained and name != "fcos_resnet18_fpn":
+        # Torchvision refuses num_classes != 91 with detection weights: load at 91, then swap heads.
+        model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, **kwargs)
+        return _replace_head(model, num_classes)
+    return BUILDERS[name](weights=weights, weights_backbone=weights_backbone, num_classes=num_classes, **kwargs)
+
+
+def _replace_head(model: torch.nn.Module, num_classes: int) -> torch.nn.Module:
+    if isinstance(model, tvd.FasterRCNN):
+        in_features = model.roi_heads.box_predictor.cls_score.in_features
+        model.roi_heads.box_predictor = tvd.faster_rcnn.FastRCNNPredictor(in_features, num_classes)
+    elif isinstance(model, (tvd.RetinaNet, tvd.FCOS)):
+        head = model.head.classification_head
+        num_anchors = getattr(head, "num_anchors", 1)
+        cls = type(head)
+        in_channels = head.conv[0][0].in_channels if hasattr(head.conv[0], "__getitem__") else 256
+        if isinstance(model, tvd.RetinaNet):
+            model.head.classification_head = cls(in_channels, num_anchors, num_classes,
+                                                 norm_layer=partial(torch.nn.GroupNorm, 32))
+        else:
+            model.head.classification_head = cls(in_channels, num_anchors, num_classes)
+    elif isinstance(model, tvd.SSD):
+        from torchvision.models.detection import _utils as det_utils
+        from torchvision.models.detection.ssdlite import SSDLiteClassificationHead
+
+        channels = det_utils.retrieve_out_channels(model.backbone, (320, 320))
+        anchors = model.anchor_generator.num_anchors_per_location()
+        model.head.classification_head = SSDLiteClassificationHead(
+            channels, anchors, num_classes, partial(torch.nn.BatchNorm2d, eps=0.001, momentum=0.03))
+    else:
+        raise ValueError(f"cannot replace the head of {type(model).__name__}")
+    return model

@@ -1,0 +1,56 @@
+"""Draw restored training batches (boxes + class names) into PNG grids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+from hydra import compose, initialize_config_dir
+
+from cocodet.data.flat_batch import restore, unrestore_uint8
+
+def draw_batch(images, targets, names: list[str], columns: int = 4) -> np.ndarray:
+    """One RGB grid image: each restored image with its boxes and class names."""
+    tiles = []
+    for image, target in zip(unrestore_uint8(images), targets):
+        tile = np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy())
+        for (x1, y1, x2, y2), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
+            colour = tuple(int(c) for c in np.random.default_rng(label).integers(64, 256, 3))
+            cv2.rectangle(tile, (round(x1), round(y1)), (round(x2), round(y2)), colour, 1)
+            cv2.putText(tile, names[label - 1], (round(x1), max(8, round(y1) - 2)), cv2.FONT_HERSHEY_SIMPLEX, 0.3,
+                        colour, 1, cv2.LINE_AA)
+        tiles.append(tile)
+    h = max(t.shape[0] for t in tiles)
+    w = max(t.shape[1] for t in tiles)
+    rows = -(-len(tiles) // columns)
+    grid = np.zeros((rows * h, columns * w, 3), dtype=np.uint8)
+    for k, tile in enumerate(tiles):
+        r, c = divmod(k, columns)
+        grid[r * h: r * h + tile.shape[0], c * w: c * w + tile.shape[1]] = tile
+    return grid
+
+
+def render_previews(out_dir: str | Path, overrides: list[str], conf_dir: str | Path, batches: int = 2,
+                    epoch: int = 0) -> list[Path]:
+    from cocodet.app import build_datamodule, build_plan
+    from cocodet.loader.resources import probe
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    datamodule = build_datamodule(cfg, out_dir)
+    datamodule.set_plan(build_plan(cfg, probe(shm_path=str(cfg.loader.shm_path))))
+    loader = datamodule.train_dataloader()
+    loader.sampler.set_epoch(epoch)
+    paths = []
+    for k, flat in enumerate(loader):
+        if k >= batches:
+            break
+        images, targets = restore(flat)
+        grid = draw_batch(images, targets, datamodule.train_index.category_names)
+        path = out_dir / f"batch_e{epoch}_{k:03d}.png"
+        cv2.imwrite(str(path), cv2.cvtColor(grid, cv2.COLOR_RGB2BGR))
+        paths.append(path)
+    return paths

@@ -1,0 +1,54 @@
+"""Shared fixtures: a small synthetic dataset, the coco_tiny path, a train.py runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+COCO_TINY = (REPO.parent / "shared" / "data" / "coco_tiny").resolve()
+
+
+@pytest.fixture(scope="session")
+def coco_tiny() -> Path:
+    if not (COCO_TINY / "annotations" / "instances_val2017.json").is_file():
+        pytest.skip(f"coco_tiny not found at {COCO_TINY}")
+    return COCO_TINY
+
+
+@pytest.fixture(scope="session")
+def synthetic_root(tmp_path_factory) -> Path:
+    from cocodet.data.synthetic import ensure_synthetic
+
+    return ensure_synthetic(tmp_path_factory.mktemp("synthetic") / "ds", seed=0, n_train=48, n_val=16)
+
+
+def synthetic_overrides(root: Path) -> list[str]:
+    return [f"dataset.root={root}", "dataset.synthetic.n_train=48", "dataset.synthetic.n_val=16"]
+
+
+def run_train(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600,
+              prefix: list[str] | None = None, check: bool = True) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Run train.py as a user would; return the process and the summary (last stdout line)."""
+    cmd = [*(prefix or []), sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    summary = None
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
+    if lines:
+        try:
+            summary = json.loads(lines[-1])
+        except json.JSONDecodeError:
+            summary = None
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-5000:]}")
+    return proc, summary
+
+
+def is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0

@@ -1,0 +1,76 @@
+"""COCO index, label mapping and evaluation against real COCO annotations (coco_tiny)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cocodet.data.augment import build_recipe
+from cocodet.data.coco import build_index
+from cocodet.data.dataset import DetectionDataset
+from cocodet.data.flat_batch import flatten, restore
+from cocodet.models.evaluation import detections_to_coco, evaluate, load_ground_truth, to_original_frame
+
+
+@pytest.fixture(scope="module")
+def val(coco_tiny):
+    return build_index(coco_tiny / "val2017", coco_tiny / "annotations" / "instances_val2017.json")
+
+
+def test_label_mapping_round_trips(val):
+    assert len(val.category_ids) == 80 and val.num_classes == 81
+    assert val.category_ids[0] == 1 and val.category_ids[-1] == 90  # COCO ids have gaps
+    labels = np.arange(1, 81)
+    assert np.array_equal(val.category_to_label(val.label_to_category(labels)), labels)
+    with pytest.raises(KeyError):
+        val.category_to_label(np.array([12]))  # 12 is one of COCO's unused ids
+
+
+def test_index_is_compact_and_excludes_crowd(val, coco_tiny):
+    raw = json.loads((coco_tiny / "annotations" / "instances_val2017.json").read_text())
+    crowd = sum(a["iscrowd"] for a in raw["annotations"])
+    assert crowd > 0 and val.dropped["crowd"] == crowd
+    assert len(val.boxes) == len(raw["annotations"]) - crowd - val.dropped["degenerate_box"]
+    assert isinstance(val.boxes, np.ndarray) and val.boxes.dtype == np.float32
+    # xywh -> xyxy
+    first = min((a for a in raw["annotations"] if not a["iscrowd"]), key=lambda a: (a["image_id"], a["id"]))
+    k = int(np.searchsorted(val.image_ids, first["image_id"]))
+    x, y, w, h = first["bbox"]
+    assert np.allclose(val.targets(k)[0][0], [x, y, x + w, y + h], atol=1e-3)
+
+
+def test_ground_truth_as_predictions_scores_map_one(val, coco_tiny):
+    """Through the real path: decode, letterbox, FlatBatch, restore, map back, category ids."""
+    dataset = DetectionDataset(val, build_recipe("none", 640), seed=0)
+    results, ids = [], []
+    for start in range(0, len(dataset), 16):
+        flat = flatten([dataset[i] for i in range(start, min(start + 16, len(dataset)))])
+        _, targets = restore(flat)
+        for t in targets:
+            boxes = to_original_frame(t["boxes"].numpy(), t["transform"].numpy())
+            cats = val.label_to_category(t["labels"].numpy())
+            results += detections_to_coco(int(t["image_id"]), boxes, np.ones(len(cats)), cats)
+            ids.append(int(t["image_id"]))
+    gt = load_ground_truth(coco_tiny / "annotations" / "instances_val2017.json")
+    stats = evaluate(gt, results, ids)
+    assert stats["map"] > 0.99 and stats["map50"] > 0.99 and stats["map75"] > 0.99
+
+
+def test_empty_predictions_score_zero(val, coco_tiny):
+    gt = load_ground_truth(coco_tiny / "annotations" / "instances_val2017.json")
+    assert evaluate(gt, [])["map"] == 0.0
+
+
+def test_images_without_annotations_are_kept_or_dropped(tmp_path, coco_tiny):
+    raw = json.loads((coco_tiny / "annotations" / "instances_val2017.json").read_text())
+    empty_id = raw["images"][0]["id"]
+    raw["annotations"] = [a for a in raw["annotations"] if a["image_id"] != empty_id]
+    ann = tmp_path / "ann.json"
+    ann.write_text(json.dumps(raw))
+    kept = build_index(coco_tiny / "val2017", ann, keep_empty=True)
+    dropped = build_index(coco_tiny / "val2017", ann, keep_empty=False)
+    assert empty_id in kept.image_ids and empty_id not in dropped.image_ids
+    assert dropped.dropped["empty_image"] >= 1
+    assert len(kept) == len(dropped) + dropped.dropped["empty_image"]

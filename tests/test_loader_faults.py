@@ -1,0 +1,136 @@
+"""Real fault conditions with real DataLoader workers: a 64 MB /dev/shm, low fd limits,
+inherited counts, dead workers. Needs root for mount namespaces (CI runs as root)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, is_root, run_train, synthetic_overrides
+
+MB64 = 64 * 1024 * 1024
+
+needs_root = pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare")
+
+
+def shm_namespace(size: str = "64m") -> list[str]:
+    """Prefix: run the command in a private mount namespace with a tmpfs of ``size`` on /dev/shm."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"', "sh"]
+
+
+def coco640(coco_tiny, batch: int = 64) -> list[str]:
+    return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=640", f"loader.batch_size={batch}"]
+
+
+@needs_root
+def test_plan_in_64mb_shm_fits_budget(coco_tiny, tmp_path):
+    _, s = run_train([*coco640(coco_tiny), "mode=plan"], tmp_path / "plan", prefix=shm_namespace())
+    assert s["shm_free_bytes"] <= MB64 and s["shm_budget_bytes"] <= MB64 // 2
+    inflight = s["num_workers"] * (s["prefetch_factor"] or 0) * s["batch_bytes"]
+    assert inflight <= 32 * 1024 * 1024 and inflight == s["inflight_bytes"]
+    shm_cap = next(c for c in s["caps"] if c["name"] == "shm")
+    assert shm_cap["applied"] and "--shm-size" in shm_cap["reason"]
+
+
+@needs_root
+def test_auto_run_completes_in_64mb_shm(coco_tiny, tmp_path):
+    args = [*coco640(coco_tiny), "mode=bench", "bench.batches=2", "bench.warmup=0", "bench.decode_probe=0"]
+    _, s = run_train(args, tmp_path / "bench", prefix=shm_namespace())
+    assert s["batches"] == 2 and s["examples_per_s"] > 0
+
+
+@needs_root
+def test_explicit_overcommit_warns_then_fails_with_shm_diagnosis(coco_tiny, tmp_path):
+    args = [*coco640(coco_tiny), "mode=bench", "loader=explicit", "loader.num_workers=8", "loader.prefetch_factor=4",
+            "bench.batches=3", "bench.warmup=0", "bench.decode_probe=0"]
+    proc, s = run_train(args, tmp_path / "x", prefix=shm_namespace(), check=False, timeout=900)
+    out = proc.stdout + proc.stderr
+    warn_at = out.find("expect 'Bus error'")
+    assert warn_at >= 0, out[-3000:]
+    assert "8 x 4 x" in out  # the warning gives the numbers
+    if proc.returncode != 0:  # it may survive by luck of timing; if it fails, it must say why
+        assert "LoaderFailure" in out and "/dev/shm ran out" in out and "64.0 MiB in all" in out, out[-4000:]
+        assert "--shm-size" in out and "loader.num_workers=0" in out
+        assert out.find("DataLoader failure") > warn_at
+
+
+def test_inherited_env_count_is_capped_to_cpus(tmp_path, synthetic_root):
+    args = [*synthetic_overrides(synthetic_root), "mode=plan", "loader=inherited", "loader.batch_size=64"]
+    _, s = run_train(args, tmp_path / "inh", env={"COCODET_NUM_WORKERS": "64"}, prefix=["taskset", "-c", "0,1"])
+    assert s["source"] == "inherited" and s["requested"] == 64
+    assert s["num_workers"] == min(2, os.cpu_count())
+    assert next(c for c in s["caps"] if c["name"] == "cpu")["applied"]
+
+
+@needs_root
+def test_inherited_count_is_capped_by_shm(coco_tiny, tmp_path):
+    args = [*coco640(coco_tiny, batch=8), "mode=plan", "loader=inherited"]
+    _, s = run_train(args, tmp_path / "inh", env={"SLURM_CPUS_PER_TASK": "64"}, prefix=shm_namespace())
+    shm_cap = next(c for c in s["caps"] if c["name"] == "shm")
+    assert s["requested"] == 64 and shm_cap["applied"] and s["num_workers"] <= shm_cap["limit"] + 1
+    assert s["inflight_bytes"] <= s["shm_budget_bytes"]
+
+
+def test_explicit_twelve_is_honoured_with_numbers(tmp_path, synthetic_root):
+    args = [*synthetic_overrides(synthetic_root), "mode=plan", "loader=explicit", "loader.num_workers=12"]
+    proc, s = run_train(args, tmp_path / "exp", prefix=["taskset", "-c", "0,1"])
+    assert s["num_workers"] == 12 and s["source"] == "explicit"
+    assert any("12 workers on 2 usable CPUs" in w for w in s["warnings"])
+    assert "12 workers on 2 usable CPUs" in proc.stdout + proc.stderr
+
+
+def test_num_workers_on_command_line_is_explicit_and_preset_is_inherited(tmp_path, synthetic_root):
+    _, s = run_train([*synthetic_overrides(synthetic_root), "mode=plan", "loader.num_workers=1"], tmp_path / "a")
+    assert s["source"] == "explicit" and s["num_workers"] == 1
+
+
+def test_host_without_shm_is_not_capped(tmp_path, synthetic_root):
+    args = [*synthetic_overrides(synthetic_root), "mode=plan", f"loader.shm_path={tmp_path / 'no_shm_here'}"]
+    _, s = run_train(args, tmp_path / "noshm")
+    shm_cap = next(c for c in s["caps"] if c["name"] == "shm")
+    assert s["shm_free_bytes"] is None and not shm_cap["applied"] and "not capped" in shm_cap["reason"]
+
+
+@pytest.mark.parametrize("sig,expected", [(signal.SIGKILL, "memory"), (signal.SIGBUS, "/dev/shm ran out")])
+def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
+    """A worker killed mid-epoch ends the loop with the diagnosis, not a bare 'exited unexpectedly'."""
+    from cocodet.data.datamodule import CocoDataModule, Split
+    from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
+    from cocodet.loader.policy import plan_loader
+    from cocodet.loader.resources import probe
+
+    root = synthetic_root
+    dm = CocoDataModule(Split(str(root / "train"), str(root / "annotations/instances_train.json")),
+                        Split(str(root / "val"), str(root / "annotations/instances_val.json")), 64, 2, 0)
+    plan = plan_loader("explicit", 2, 2, 1 << 20, 2, probe(), cuda=False)
+    dm.set_plan(plan)
+    loader = dm.train_dataloader()
+    with pytest.raises(LoaderFailure) as e:
+        with explained_loader_failures(plan):
+            for k, _ in enumerate(loader):
+                if k == 1:
+                    os.kill(loader._iterator._workers[0].pid, sig)
+    text = str(e.value)
+    assert expected in text and "loader.num_workers=0" in text
+    assert "killed by signal" in str(e.value.__cause__)
+
+
+def test_flat_batch_survives_256_fds_where_list_of_dicts_does_not():
+    cmd = ["prlimit", "--nofile=256:", sys.executable, str(REPO / "scripts" / "bench_transport.py"), "--json",
+           "--batches", "64", "--size", "96", "--workers", "4", "--prefetch", "4", "--steps", "50",
+           "--layouts", "flat_batch", "list_of_dicts"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    rows = {r["layout"]: r for r in map(json.loads, proc.stdout.strip().splitlines())}
+    assert rows["flat_batch"]["error"] is None and rows["flat_batch"]["batches"] == 50
+    assert rows["flat_batch"]["storages_per_batch"] <= 8
+    # Shown, not required: what the natural layout does under the same limit.
+    print("list_of_dicts under 256 fds:", rows["list_of_dicts"])

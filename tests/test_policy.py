@@ -1,0 +1,123 @@
+"""The pure loader policy: one test per branch (DESIGN §3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cocodet.loader.policy import MAIN_PROCESS_HEADROOM, MiB, plan_loader
+from cocodet.loader.resources import HostResources
+
+GiB = 1 << 30
+
+
+def host(**changes) -> HostResources:
+    base = HostResources(affinity_cpus=8, cgroup_cpus=None, local_world_size=1, usable_cpus=8, shm_path="/dev/shm",
+                         shm_total_bytes=16 * GiB, shm_free_bytes=16 * GiB, nofile_soft=65536, nofile_hard=65536,
+                         max_map_count=65530, memory_available_bytes=64 * GiB, memory_source="test")
+    return dataclasses.replace(base, **changes)
+
+
+def plan(policy="auto", requested=None, batch_size=16, batch_bytes=10 * MiB, prefetch=2, res=None, **kw):
+    return plan_loader(policy, requested, batch_size, batch_bytes, prefetch, res or host(), cuda=False, **kw)
+
+
+def cap(p, name):
+    return next(c for c in p.caps if c["name"] == name)
+
+
+def test_auto_is_min_cpus_and_batch():
+    assert plan(batch_size=4).num_workers == 4
+    assert plan(batch_size=64).num_workers == 8
+    assert plan().source == "auto" and not any(c["applied"] for c in plan().caps)
+
+
+def test_auto_shm_cap_applies_with_reason():
+    p = plan(batch_size=64, res=host(shm_free_bytes=200 * MiB))  # budget 100 MiB / (2 x 10 MiB) = 5
+    assert p.num_workers == 5
+    assert cap(p, "shm")["applied"] and "shm" in cap(p, "shm")["reason"]
+    assert p.inflight_bytes <= p.shm_budget_bytes
+
+
+def test_shm_budget_divided_among_local_ranks():
+    p = plan(batch_size=64, res=host(shm_free_bytes=400 * MiB, local_world_size=4, usable_cpus=2))
+    assert p.shm_budget_bytes == 50 * MiB and p.num_workers == 2  # CPU bound first
+    p = plan(batch_size=64, res=host(shm_free_bytes=160 * MiB, local_world_size=4))
+    assert p.num_workers == 1  # budget 20 MiB holds exactly one worker x 2 x 10 MiB
+
+
+def test_shm_lowers_prefetch_before_dropping_workers():
+    p = plan(batch_size=64, batch_bytes=30 * MiB, res=host(shm_free_bytes=64 * MiB))  # budget 32 MiB
+    assert (p.num_workers, p.prefetch_factor) == (1, 1)
+    assert p.inflight_bytes <= p.shm_budget_bytes
+
+
+def test_batch_larger_than_shm_budget_loads_in_main_process():
+    # Docker's default 64 MB /dev/shm, batch 64 at 640 px: one uint8 batch is ~79 MB.
+    p = plan(batch_size=64, batch_bytes=79 * MiB, res=host(shm_free_bytes=64 * 1000 * 1000))
+    assert p.num_workers == 0 and p.prefetch_factor is None and not p.persistent_workers
+    assert p.inflight_bytes == 0
+    assert "--shm-size" in cap(p, "shm")["reason"]
+    assert p.dataloader_kwargs() == {"num_workers": 0, "pin_memory": False}
+
+
+def test_no_shm_filesystem_is_not_capped():
+    p = plan(batch_size=64, res=host(shm_free_bytes=None, shm_total_bytes=None))
+    assert p.num_workers == 8 and p.shm_budget_bytes is None
+    assert not cap(p, "shm")["applied"] and "not capped" in cap(p, "shm")["reason"]
+
+
+def test_memory_cap():
+    room = MAIN_PROCESS_HEADROOM + 3 * (400 * MiB + 2 * 10 * MiB)
+    p = plan(batch_size=64, res=host(memory_available_bytes=room))
+    assert p.num_workers == 3 and cap(p, "memory")["applied"]
+    p = plan(batch_size=64, res=host(memory_available_bytes=MAIN_PROCESS_HEADROOM // 2))
+    assert p.num_workers == 1  # floor one worker
+
+
+def test_inherited_is_a_ceiling_under_cpu_and_shm():
+    p = plan("inherited", 64, batch_size=64, res=host(usable_cpus=2, affinity_cpus=2))
+    assert p.num_workers == 2 and p.source == "inherited" and cap(p, "cpu")["applied"]
+    p = plan("inherited", 64, batch_size=64, res=host(usable_cpus=64, shm_free_bytes=120 * MiB))
+    assert p.num_workers == 3 and cap(p, "shm")["applied"]
+    assert plan("inherited", 3).num_workers == 3  # below every cap: honoured
+
+
+def test_explicit_is_honoured_with_warnings():
+    p = plan("explicit", 12, batch_size=64, res=host(usable_cpus=2, shm_free_bytes=64 * MiB), prefetch=4)
+    assert p.num_workers == 12 and p.prefetch_factor == 4 and not p.caps
+    text = " ".join(p.warnings)
+    assert "12 workers on 2 usable CPUs" in text
+    assert "480.0 MiB" in text and "32.0 MiB" in text  # in-flight vs budget, with numbers
+
+
+def test_explicit_zero_sets_nothing_torch_rejects():
+    p = plan("explicit", 0)
+    assert p.dataloader_kwargs() == {"num_workers": 0, "pin_memory": False}
+
+
+def test_pin_memory_only_for_cuda():
+    assert not plan().pin_memory
+    assert plan_loader("auto", None, 16, MiB, 2, host(), cuda=True).pin_memory
+    assert not plan_loader("auto", None, 16, MiB, 2, host(), cuda=True, pin_memory=False).pin_memory
+
+
+def test_fd_warning_when_near_nofile():
+    p = plan("explicit", 4, prefetch=4, res=host(nofile_soft=128))
+    assert any("RLIMIT_NOFILE" in w for w in p.warnings)
+
+
+def test_invalid_arguments_fail_loudly():
+    with pytest.raises(ValueError, match="auto, explicit or inherited"):
+        plan("sometimes")
+    with pytest.raises(ValueError, match="worker count"):
+        plan("explicit", None)
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        plan(prefetch=0)
+
+
+def test_table_names_every_cap():
+    p = plan(batch_size=64, res=host(shm_free_bytes=200 * MiB))
+    table = p.table()
+    assert "cap shm" in table and "APPLIED" in table and "cap memory" in table

@@ -1,0 +1,15 @@
+"""Entry point: python train.py [group=option] [key=value ...] (see README)."""
+
+import hydra
+from omegaconf import DictConfig
+
+from cocodet.app import run
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
