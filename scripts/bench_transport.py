@@ -92,10 +92,13 @@ def open_maps() -> int:
         return sum(1 for _ in f)
 
 
-def run_one(layout: str, batch: int, size: int, workers: int, prefetch: int, batches: int, boxes: int) -> dict:
+def run_one(layout: str, batch: int, size: int, workers: int, prefetch: int, batches: int, boxes: int,
+            timeout_s: float) -> dict:
     dataset = PreDecoded(batch * (batches + 4), size, boxes)
+    # The timeout turns a silent hang (a batch lost in a worker's queue feeder thread when it
+    # cannot be shared) into a row of the table.
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=workers, prefetch_factor=prefetch,
-                                         collate_fn=LAYOUTS[layout])
+                                         collate_fn=LAYOUTS[layout], timeout=timeout_s)
     counts = {}
     fds0, maps0 = open_fds(), open_maps()
 
@@ -128,6 +131,7 @@ def main() -> None:
     p.add_argument("--boxes", type=int, default=7, help="mean boxes per image")
     p.add_argument("--nofile", type=int, default=None, help="set the soft RLIMIT_NOFILE first (e.g. 256)")
     p.add_argument("--layouts", nargs="+", default=list(LAYOUTS))
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds without a batch before a layout counts as hung")
     p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
     args = p.parse_args()
     if args.nofile:
@@ -136,7 +140,7 @@ def main() -> None:
     rows = []
     for batch in args.batches:
         for layout in args.layouts:
-            row = run_one(layout, batch, args.size, args.workers, args.prefetch, args.steps, args.boxes)
+            row = run_one(layout, batch, args.size, args.workers, args.prefetch, args.steps, args.boxes, args.timeout)
             rows.append(row)
             if args.json:
                 print(json.dumps(row), flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import signal
 from typing import Iterator
 
 from cocodet.loader.policy import MiB, LoaderPlan
@@ -25,7 +26,8 @@ class LoaderFailure(RuntimeError):
 _SHM_BYTES = ("bus error", "no space left on device", "sigbus", "unable to write to file </torch_")
 _SEGMENTS = ("too many open files", "received 0 items of ancdata", "unable to mmap", "emfile")
 _MEMORY = ("killed by signal: killed", "cannot allocate memory", "sigkill", "out of memory")
-_WORKER = ("exited unexpectedly", "killed by signal")
+# A worker that dies while the main process receives its fds surfaces as a broken socket.
+_WORKER = ("exited unexpectedly", "killed by signal", "connection reset by peer", "connectionrefusederror", "eoferror")
 
 
 def _fmt(x: int | None) -> str:
@@ -46,15 +48,64 @@ def classify(message: str) -> str | None:
     return None
 
 
+def worker_signals(error: BaseException) -> dict[int, str]:
+    """Signals that ended DataLoader workers, read from the iterator in the error's traceback.
+
+    Torch often reports only "exited unexpectedly"; the worker Process objects still hold
+    their exit codes (-N for signal N).
+    """
+    found: dict[int, str] = {}
+    for owner in _failed_iterators(error):
+        for w in getattr(owner, "_workers", []):
+            if w.exitcode is None:
+                w.join(timeout=0.5)  # a worker killed mid-send may not be reaped yet
+            code = w.exitcode
+            if code is not None and code < 0:
+                try:
+                    found[w.pid] = signal.Signals(-code).name
+                except ValueError:
+                    found[w.pid] = f"signal {-code}"
+    return found
+
+
+def _failed_iterators(error: BaseException) -> list:
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    found, tb = [], error.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, _MultiProcessingDataLoaderIter) and owner not in found:
+            found.append(owner)
+        tb = tb.tb_next
+    return found
+
+
+def _forget_workers(error: BaseException) -> None:
+    """Stop torch's SIGCHLD handler from raising again for a loader already diagnosed."""
+    from torch.utils.data import _utils
+
+    for owner in _failed_iterators(error):
+        with contextlib.suppress(Exception):
+            _utils.signal_handling._remove_worker_pids(id(owner))
+
+
+_SIGNAL_KIND = {"SIGBUS": "shm", "SIGKILL": "memory"}
+
+
 def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") -> str | None:
     """A diagnosis for ``error`` with numbers measured now, or None when it is not a loader failure."""
     message = f"{type(error).__name__}: {error}"
     kind = classify(message)
     if kind is None:
         return None
+    signals = worker_signals(error)
+    if kind == "worker":
+        kind = next((_SIGNAL_KIND[s] for s in signals.values() if s in _SIGNAL_KIND), kind)
     res = probe(shm_path=shm_path)
-    signal = re.search(r"killed by signal: ([A-Za-z ]+)", message)
-    head = f"DataLoader failure ({signal.group(1).strip() if signal else type(error).__name__}) with {plan.num_workers} workers, " \
+    named = re.search(r"killed by signal: ([A-Za-z ]+)", message)
+    what = ", ".join(f"worker {pid} ended by {sig}" for pid, sig in signals.items()) or \
+        (named.group(1).strip() if named else type(error).__name__)
+    head = f"DataLoader failure ({what}) with {plan.num_workers} workers, " \
            f"prefetch {plan.prefetch_factor}, batch {plan.batch_size} ({_fmt(plan.batch_bytes)}/batch)."
     if kind == "shm":
         body = (f"Likely cause: /dev/shm ran out of bytes. {res.shm_path} has {_fmt(res.shm_total_bytes)} in all, "
@@ -83,10 +134,18 @@ def explained_loader_failures(plan: LoaderPlan, shm_path: str = "/dev/shm") -> I
     """Re-raise loader failures inside the block as LoaderFailure with the diagnosis."""
     try:
         yield
-    except (RuntimeError, OSError) as e:  # torch raises RuntimeError; shm/fd errors surface as OSError
-        if isinstance(e, LoaderFailure):
-            raise
-        diagnosis = explain(e, plan, shm_path)
+    except (RuntimeError, OSError, EOFError) as e:  # torch: RuntimeError; shm/fd/socket errors: OSError
+        # More workers will exit during shutdown; torch's SIGCHLD handler would raise again,
+        # asynchronously, on top of this diagnosis. Block it while diagnosing, then unregister.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        try:
+            if isinstance(e, LoaderFailure):
+                raise
+            diagnosis = explain(e, plan, shm_path)
+            if diagnosis is not None:
+                _forget_workers(e)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if diagnosis is None:
             raise
         log.error("%s", diagnosis)

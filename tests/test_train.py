@@ -1,0 +1,43 @@
+"""Training end to end through train.py: fast_dev_run, real COCO images, resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_train, synthetic_overrides
+
+
+def test_fast_dev_run_synthetic(tmp_path, synthetic_root):
+    proc, s = run_train([*synthetic_overrides(synthetic_root), "debug=fast"], tmp_path / "run")
+    assert s["mode"] == "train" and s["steps"] == 1
+    assert {"map", "map50", "map75", "best_map", "epochs", "steps", "wall_s", "last_ckpt", "plan"} <= set(s)
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert "COCOeval" in proc.stdout + proc.stderr
+
+
+def test_fast_dev_run_coco_tiny(tmp_path, coco_tiny):
+    args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=256", "loader.batch_size=4",
+            "debug=fast"]
+    _, s = run_train(args, tmp_path / "run")
+    assert s["steps"] == 1 and s["plan"]["batch_size"] == 4
+
+
+def test_resume_continues_at_saved_step(tmp_path, synthetic_root):
+    base = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
+            "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=1"]
+    _, first = run_train([*base, "trainer.max_epochs=1"], tmp_path / "first")
+    assert first["steps"] == 2 and first["last_ckpt"]
+    saved = torch.load(first["last_ckpt"], map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 2
+    _, second = run_train([*base, "trainer.max_epochs=2", f"ckpt_path={first['last_ckpt']}"], tmp_path / "second")
+    assert second["steps"] == 4 and second["epochs"] == 2  # continued from step 2, not from 0
+
+
+@pytest.mark.slow
+def test_coco_tiny_one_epoch_prints_cocoeval(tmp_path, coco_tiny):
+    """The acceptance command: python train.py dataset=coco dataset.root=... trainer.max_epochs=1."""
+    args = ["dataset=coco", f"dataset.root={coco_tiny}", "trainer.max_epochs=1", "dataset.image_size=320"]
+    proc, s = run_train(args, tmp_path / "run", timeout=1800)
+    assert "Average Precision  (AP) @[ IoU=0.50:0.95" in proc.stdout + proc.stderr
+    assert s["epochs"] == 1 and s["steps"] == 20
