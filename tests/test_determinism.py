@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+import cv2
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -55,8 +56,10 @@ def test_digest_changes_with_epoch(coco_tiny):
     assert digest(0) != digest(1)
 
 
-PALETTE = [(r, g, b) for r in (0, 255) for g in (0, 160, 255) for b in (0, 255)
-           if (r, g, b) != (0, 0, 0)] + [(255, 80, 160), (80, 255, 200), (200, 80, 255), (60, 60, 255), (255, 60, 60)]
+# Every colour has a 255 channel, so no colour is a blend of another with the black background.
+PALETTE = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (255, 0, 255), (0, 255, 255), (255, 128, 0),
+           (255, 0, 128), (128, 255, 0), (0, 255, 128), (128, 0, 255), (0, 128, 255), (255, 255, 255),
+           (255, 128, 128), (128, 255, 128), (128, 128, 255)]
 
 
 def coloured_image(rng: np.random.Generator, first_label: int, n: int, h: int = 160, w: int = 192):
@@ -82,8 +85,12 @@ def assert_boxes_enclose_colours(image: np.ndarray, boxes: np.ndarray, labels: n
         if (x2 - x1) * (y2 - y1) < 16:
             continue  # a sliver after clipping: too few pixels to locate its colour reliably
         colour = np.array(PALETTE[label - 1], np.int16)
-        mask = np.all(np.abs(image.astype(np.int16) - colour) <= 40, axis=2)
+        mask = np.all(np.abs(image.astype(np.int16) - colour) <= 40, axis=2).astype(np.uint8)
+        # Opening drops 1-px seams where interpolation blends neighbouring colours.
+        mask = cv2.morphologyEx(mask, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
         ys, xs = np.nonzero(mask)
+        if not len(xs) and min(x2 - x1, y2 - y1) < 4:
+            continue  # a clipped sliver thinner than the opening
         assert len(xs), f"label {label}: no pixels of its colour left for box {box}"
         assert xs.min() >= x1 - tol and xs.max() + 1 <= x2 + tol, (label, box, xs.min(), xs.max())
         assert ys.min() >= y1 - tol and ys.max() + 1 <= y2 + tol, (label, box, ys.min(), ys.max())

@@ -40,6 +40,7 @@ class DetectorModule(L.LightningModule):
         self._results: list[dict] = []
         self._image_ids: list[int] = []
         self.last_metrics: dict[str, float] = {}
+        self._resume_position: int | None = None
 
     def forward(self, images):
         return self.model(images)
@@ -84,6 +85,22 @@ class DetectorModule(L.LightningModule):
             self.last_metrics = stats
         self.log_dict({f"val/{k}": stats[k] for k in STAT_NAMES if k != "map50"})
         self.log("val/map50", stats["map50"], prog_bar=True)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # A schedule sized to the run's length (OneCycle total_steps, cosine T_max) is rebuilt for
+        # this run's length and fast-forwarded, so a resumed run may also train longer than the
+        # one that saved it; restoring the old state would end the schedule early and raise.
+        states = checkpoint.get("lr_schedulers") or []
+        if any("total_steps" in st or "T_max" in st for st in states):
+            step = checkpoint["global_step"] if self.scheduler_interval == "step" else checkpoint["epoch"]
+            self._resume_position = int(step)
+            checkpoint["lr_schedulers"] = []
+
+    def on_train_start(self) -> None:
+        if self._resume_position is not None:
+            for config in self.trainer.lr_scheduler_configs:
+                config.scheduler.last_epoch = self._resume_position
+            self._resume_position = None
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(params=[p for p in self.parameters() if p.requires_grad])

@@ -1,0 +1,86 @@
+"""The measurement harness: a real sweep, its report and plot, and the chapter's two directions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, synthetic_overrides
+from cocodet.bench.harness import calibrate_spin, measure, spin
+
+
+def sweep(tmp: Path, root: Path, *overrides: str, prefix: list[str] | None = None) -> dict[tuple, dict]:
+    cmd = [*(prefix or []), sys.executable, str(REPO / "train.py"), "-m", "mode=bench", *synthetic_overrides(root),
+           f"hydra.sweep.dir={tmp}", *overrides]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {}
+    for summary in tmp.glob("*/summary.json"):
+        s = json.loads(summary.read_text())
+        rows[(s["producer"], s["num_workers"])] = s
+    return rows
+
+
+def test_harness_counts_returned_examples_and_discards_warmup():
+    batches = [list(range(n)) for n in (4, 4, 4, 3)]  # a short last batch
+    m = measure(iter(batches), consume=lambda b: None, count=len)
+    report = m.report(warmup=1)
+    assert report["examples"] == 11 and report["measured_batches"] == 3 and report["batches"] == 4
+    assert report["first_batch_s"] >= 0
+    with pytest.raises(ValueError, match="warm-up"):
+        m.report(warmup=4)
+
+
+def test_spin_is_counted_in_iterations():
+    n = calibrate_spin(1.0)
+    assert n > 1000
+    assert spin(10) == spin(10)
+
+
+def test_sweep_report_and_plot(tmp_path, synthetic_root):
+    out = tmp_path / "sweep"
+    rows = sweep(out, synthetic_root, "loader.num_workers=0,2", "bench.batches=6", "bench.warmup=1",
+                 "bench.decode_probe=4")
+    assert set(w for _, w in rows) == {0, 2}
+    for s in rows.values():
+        for key in ("examples_per_s", "wait_mean_ms", "wait_p50_ms", "wait_p95_ms", "wait_max_ms", "work_mean_ms",
+                    "wait_fraction", "first_batch_s", "batches", "batch_digest", "decode_bound", "num_workers",
+                    "shm_budget_bytes", "stage_ms_per_sample", "peak_rss_mb"):
+            assert key in s, key
+        assert s["stage_ms_per_sample"]["decode"] > 0
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_report.py"), str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n| ") >= 3 and "examples_per_s" in proc.stdout
+    import cv2
+
+    image = cv2.imread(str(out / "sweep.png"))
+    assert image is not None and image.shape[0] > 100 and image.std() > 10
+
+
+def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
+    """The chapter's two tables, reduced: pinned to one core, 0 vs 4 workers."""
+    rows = sweep(tmp_path / "s", synthetic_root, "bench.producer=sleep,spin", "loader.num_workers=0,4",
+                 "bench.producer_ms=2", "loader.batch_size=32", "bench.consumer=spin", "bench.work_ms=8",
+                 "bench.batches=16", "bench.warmup=4", "loader.persistent_workers=false",
+                 prefix=["taskset", "-c", "0"])
+    sleep0, sleep4 = rows[("sleep", 0)], rows[("sleep", 4)]
+    spin0, spin4 = rows[("spin", 0)], rows[("spin", 4)]
+    assert sleep4["examples_per_s"] >= 2.0 * sleep0["examples_per_s"], (sleep0, sleep4)
+    assert 0.75 <= spin4["examples_per_s"] / spin0["examples_per_s"] <= 1.25, (spin0, spin4)
+    assert spin4["wait_mean_ms"] < spin0["wait_mean_ms"]  # the wait fell...
+    assert spin4["work_mean_ms"] > spin0["work_mean_ms"]  # ...because the work got slower
+
+
+def test_worker_rss_reported_per_epoch(tmp_path, synthetic_root):
+    from conftest import run_train
+
+    _, s = run_train([*synthetic_overrides(synthetic_root), "mode=bench", "bench.epochs=3", "bench.batches=null",
+                      "loader=explicit", "loader.num_workers=2", "bench.decode_probe=0"], tmp_path / "rss")
+    assert len(s["epochs"]) == 3 and all(e["worker_rss_mb"] for e in s["epochs"])
+    assert "worker_rss_growth" in s and np.isfinite(s["worker_rss_growth"])
