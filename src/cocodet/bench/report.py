@@ -23,6 +23,10 @@ def load_sweep(sweep_dir: str | Path) -> list[dict]:
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"no */summary.json under {sweep_dir}: is it a `python train.py -m mode=bench ...` sweep dir?")
+    # Keep only the overrides that differ between jobs: the rest is the sweep's constant setting.
+    common = set.intersection(*(set(r["overrides"].split()) for r in rows))
+    for r in rows:
+        r["overrides"] = " ".join(o for o in r["overrides"].split() if o not in common)
     return rows
 
 
