@@ -99,12 +99,13 @@ def worker_request(loader: DictConfig, overrides: list[str], environ: dict) -> t
 
 def build_plan(cfg: DictConfig, resources: HostResources) -> LoaderPlan:
     policy, requested = worker_request(cfg.loader, cli_overrides(), dict(os.environ))
+    footprint_mb = cfg.loader.get("worker_footprint_mb")
     return plan_loader(
         policy, requested, batch_size=int(cfg.loader.batch_size),
         batch_bytes=batch_bytes(int(cfg.loader.batch_size), int(cfg.dataset.image_size)),
         prefetch_factor=int(cfg.loader.prefetch_factor), resources=resources, cuda=uses_cuda(cfg),
         pin_memory=cfg.loader.pin_memory, persistent_workers=bool(cfg.loader.persistent_workers),
-        worker_footprint_bytes=cfg.loader.get("worker_footprint_mb") and int(cfg.loader.worker_footprint_mb) << 20,
+        worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
     )
 
 

@@ -61,11 +61,13 @@ class DetectorModule(L.LightningModule):
         images, targets = batch
         outputs = self.model(images)
         for out, target in zip(outputs, targets):
-            boxes = to_original_frame(out["boxes"].float().cpu().numpy(), target["transform"].cpu().numpy())
-            labels = out["labels"].cpu().numpy()
+            # FCOS/RetinaNet score label 0 too; it is background here and has no COCO id.
+            keep = (out["labels"] > 0).cpu().numpy()
+            boxes = to_original_frame(out["boxes"].float().cpu().numpy()[keep], target["transform"].cpu().numpy())
+            labels = out["labels"].cpu().numpy()[keep]
             image_id = int(target["image_id"])
             self._image_ids.append(image_id)
-            self._results.extend(detections_to_coco(image_id, boxes, out["scores"].float().cpu().numpy(),
+            self._results.extend(detections_to_coco(image_id, boxes, out["scores"].float().cpu().numpy()[keep],
                                                     self.category_ids[labels - 1]))
 
     def on_validation_epoch_end(self):
