@@ -1,0 +1,261 @@
+"""COCO index and sample decoding.
+
+The index is built once in the main process from pycocotools and kept as flat numpy
+buffers plus offsets (detectron2-style), so DataLoader workers that touch it on every
+sample do not copy-on-read a graph of Python dicts epoch after epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+from pycocotools.coco import COCO
+
+log = logging.getLogger(__name__)
+
+# Decode in stored pixel order (COCO boxes are in that frame) and always as 3-channel BGR:
+# OpenCV converts grayscale, CMYK and palette images for us with IMREAD_COLOR.
+_IMREAD_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
+
+
+class BadSampleError(RuntimeError):
+    """A sample that cannot be used; carries what a user needs to find it."""
+
+    def __init__(self, path: str, image_id: int | None = None, reason: str | None = None):
+        # One-argument form: DataLoader re-raises worker errors as exc_type(message).
+        message = path if image_id is None else f"bad sample: image_id={image_id} file={path}: {reason}"
+        super().__init__(message)
+        self.path, self.image_id, self.reason = path, image_id, reason
+
+    def __reduce__(self):  # keep the fields when the error crosses a worker boundary
+        return (BadSampleError, (self.path, self.image_id, self.reason))
+
+
+class DatasetConfigError(ValueError):
+    """The dataset cannot be used at all (missing files, malformed annotations)."""
+
+
+def resolve_inside(root: Path, file_name: str) -> Path | None:
+    """Return the path of ``file_name`` under ``root`` or None if it escapes the root.
+
+    Rejects absolute names, ``..`` components and symlinks that point outside the root.
+    """
+    if os.path.isabs(file_name) or ".." in Path(file_name).parts:
+        return None
+    path = root / file_name
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
+        return None
+    return path
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def decode_image(data: bytes) -> np.ndarray:
+    """Decode image bytes by content into an HxWx3 uint8 RGB array; raise ValueError with a reason."""
+    if not data:
+        raise ValueError("file is empty (0 bytes)")
+    if data[:2] == b"\xff\xd8" and not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
+        # libjpeg decodes a truncated file into a half-grey image with only a warning.
+        raise ValueError(f"truncated JPEG: no end-of-image marker ({len(data)} bytes)")
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), _IMREAD_FLAGS)
+    if image is None:
+        raise ValueError(f"not a decodable image (first bytes {data[:8]!r})")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+@dataclass
+class CocoIndex:
+    """Flat, picklable view of a COCO annotation file.
+
+    Attributes:
+        image_ids: [N] int64 COCO image ids.
+        sizes: [N, 2] int32 (height, width) from the JSON.
+        paths: one str per image (resolved absolute path, or "" when it escapes the root).
+        box_offsets: [N+1] int64; boxes of image k are boxes[box_offsets[k]:box_offsets[k+1]].
+        boxes: [M, 4] float32 xyxy in stored pixel order (crowd regions excluded).
+        labels: [M] int64 contiguous labels 1..K (0 is background).
+        category_ids: [K] int64; label L maps to category_ids[L - 1].
+        category_names: [K] names in label order.
+        problems: per-image reason found while indexing (empty string when none).
+        dropped: counts of annotations dropped while indexing, by reason.
+    """
+
+    image_ids: np.ndarray
+    sizes: np.ndarray
+    paths: np.ndarray
+    box_offsets: np.ndarray
+    boxes: np.ndarray
+    labels: np.ndarray
+    category_ids: np.ndarray
+    category_names: list[str]
+    problems: np.ndarray
+    ann_file: str
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def num_classes(self) -> int:
+        """Detector classes including background."""
+        return len(self.category_ids) + 1
+
+    def targets(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = self.box_offsets[k], self.box_offsets[k + 1]
+        return self.boxes[lo:hi], self.labels[lo:hi]
+
+    def label_to_category(self, labels: np.ndarray) -> np.ndarray:
+        return self.category_ids[np.asarray(labels, dtype=np.int64) - 1]
+
+    def category_to_label(self, category_ids: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(self.category_ids, category_ids)
+        if np.any(pos >= len(self.category_ids)) or np.any(self.category_ids[np.minimum(pos, len(self.category_ids) - 1)] != category_ids):
+            raise KeyError(f"unknown category ids {sorted(set(np.asarray(category_ids).tolist()) - set(self.category_ids.tolist()))}")
+        return pos + 1
+
+
+def load_coco_json(ann_file: Path) -> dict:
+    if not ann_file.is_file():
+        raise DatasetConfigError(f"annotation file not found: {ann_file} (set dataset.root / dataset.{{train,val}}_ann)")
+    try:
+        data = json.loads(ann_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DatasetConfigError(f"annotation file {ann_file} is not valid JSON: {e}") from e
+    missing = [k for k in ("images", "annotations", "categories") if not isinstance(data.get(k), list)]
+    if not isinstance(data, dict) or missing:
+        raise DatasetConfigError(f"annotation file {ann_file} is not COCO instances format: missing lists {missing}")
+    return data
+
+
+def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep_empty: bool = True) -> CocoIndex:
+    """Read a COCO instances file and build the compact index; refuse what cannot be repaired."""
+    image_root, ann_file = Path(image_root), Path(ann_file)
+    if not image_root.is_dir():
+        raise DatasetConfigError(f"image folder not found: {image_root} (set dataset.root / dataset.{{train,val}}_images)")
+    data = load_coco_json(ann_file)
+    ids = [img.get("id") for img in data["images"]]
+    dup = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if dup:
+        raise DatasetConfigError(f"{ann_file}: duplicate image ids {dup[:10]} ({len(dup)} in all); "
+                                 "COCO requires unique ids — deduplicate the 'images' list")
+    known_cats = {c["id"] for c in data["categories"]}
+    unknown = sorted({a["category_id"] for a in data["annotations"]} - known_cats)
+    if unknown:
+        raise DatasetConfigError(f"{ann_file}: annotations use category ids {unknown} that are not in "
+                                 f"'categories' {sorted(known_cats)}; fix the file or remove those annotations")
+
+    coco = COCO()  # fed the already-validated dict instead of re-reading the file
+    coco.dataset = data
+    with _quiet_pycocotools():
+        coco.createIndex()
+    image_id_set = set(ids)
+    dropped = {"missing_image": sum(1 for a in data["annotations"] if a["image_id"] not in image_id_set)}
+    if dropped["missing_image"]:
+        log.warning("%s: %d annotations point at image ids not in 'images'; dropped", ann_file, dropped["missing_image"])
+
+    category_ids = np.array(sorted(known_cats), dtype=np.int64)
+    names = {c["id"]: c.get("name", str(c["id"])) for c in data["categories"]}
+    label_of = {int(c): k + 1 for k, c in enumerate(category_ids)}
+
+    image_ids, sizes, paths, problems, offsets = [], [], [], [], [0]
+    boxes, labels = [], []
+    dropped["degenerate_box"] = dropped["crowd"] = dropped["empty_image"] = 0
+    for img in sorted(data["images"], key=lambda im: im["id"]):
+        kept = []
+        for a in coco.imgToAnns.get(img["id"], []):
+            if a.get("iscrowd", 0):
+                dropped["crowd"] += 1  # left to COCOeval, which ignores detections matched to crowds
+                continue
+            x, y, w, h = a["bbox"]
+            if not (w > 0 and h > 0):
+                dropped["degenerate_box"] += 1
+                continue
+            kept.append(([x, y, x + w, y + h], label_of[a["category_id"]]))
+        if not kept and not keep_empty:
+            dropped["empty_image"] += 1
+            continue
+        path = resolve_inside(image_root, str(img.get("file_name", "")))
+        problems.append("" if path is not None else f"file_name {img.get('file_name')!r} resolves outside the image root {image_root}")
+        paths.append(str(path) if path is not None else "")
+        image_ids.append(img["id"])
+        sizes.append((img.get("height", 0), img.get("width", 0)))
+        boxes.extend(b for b, _ in kept)
+        labels.extend(lab for _, lab in kept)
+        offsets.append(len(boxes))
+    if not image_ids:
+        raise DatasetConfigError(f"{ann_file}: no usable images (dataset.keep_empty={keep_empty})")
+    return CocoIndex(
+        image_ids=np.array(image_ids, dtype=np.int64),
+        sizes=np.array(sizes, dtype=np.int32).reshape(-1, 2),
+        paths=np.array(paths, dtype=np.str_),
+        box_offsets=np.array(offsets, dtype=np.int64),
+        boxes=np.array(boxes, dtype=np.float32).reshape(-1, 4),
+        labels=np.array(labels, dtype=np.int64),
+        category_ids=category_ids,
+        category_names=[names[int(c)] for c in category_ids],
+        problems=np.array(problems, dtype=np.str_),
+        ann_file=str(ann_file),
+        dropped=dropped,
+    )
+
+
+class _quiet_pycocotools:
+    """pycocotools prints progress with print(); keep stdout for the summary line."""
+
+    def __enter__(self):
+        import contextlib
+        import io
+
+        self._redirect = contextlib.redirect_stdout(io.StringIO())
+        self._redirect.__enter__()
+
+    def __exit__(self, *exc):
+        self._redirect.__exit__(*exc)
+
+
+def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read and decode image k; return (rgb image, xyxy boxes clipped to it, labels).
+
+    Raises BadSampleError naming file, image id and reason. ``timings`` (read, decode) in
+    seconds are accumulated in place when given.
+    """
+    import time
+
+    path, image_id = str(index.paths[k]), int(index.image_ids[k])
+    if index.problems[k]:
+        raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
+    t0 = time.perf_counter()
+    try:
+        data = read_bytes(path)
+    except OSError as e:
+        raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
+    t1 = time.perf_counter()
+    try:
+        image = decode_image(data)
+    except ValueError as e:
+        raise BadSampleError(path, image_id, str(e)) from None
+    t2 = time.perf_counter()
+    if timings is not None:
+        timings[0] += t1 - t0
+        timings[1] += t2 - t1
+    h, w = image.shape[:2]
+    jh, jw = index.sizes[k]
+    if (jh, jw) != (0, 0) and (h, w) != (jh, jw):
+        raise BadSampleError(path, image_id, f"decoded size {h}x{w} differs from the annotation's {jh}x{jw}")
+    boxes, labels = index.targets(k)
+    boxes = boxes.copy()
+    np.clip(boxes[:, 0::2], 0, w, out=boxes[:, 0::2])
+    np.clip(boxes[:, 1::2], 0, h, out=boxes[:, 1::2])
+    keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)  # wholly outside -> gone
+    return image, boxes[keep], labels[keep]

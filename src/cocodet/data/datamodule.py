@@ -1,0 +1,122 @@
+"""The COCO LightningDataModule: indexes, datasets, the loader plan, FlatBatch transport."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from cocodet.data.augment import build_recipe
+from cocodet.data.coco import CocoIndex, build_index
+from cocodet.data.dataset import DetectionDataset, EpochSampler
+from cocodet.data.flat_batch import FlatBatch, flatten, restore
+from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.worker import worker_init_fn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Split:
+    """Where one split lives on disk."""
+
+    images: str
+    ann_file: str
+
+
+class CocoDataModule(L.LightningDataModule):
+    """Train/val loaders over COCO-format data.
+
+    Batches travel as FlatBatch (8 tensors) and are restored on the destination device in
+    ``on_after_batch_transfer``; bad samples replaced in a batch are counted per epoch and
+    appended to ``<run_dir>/bad_samples.jsonl``.
+    """
+
+    def __init__(self, train: Split, val: Split, image_size: int, batch_size: int, seed: int,
+                 augment: str = "mosaic", augment_params: dict | None = None, val_batch_size: int | None = None,
+                 keep_empty: bool = True, on_bad_sample: str = "raise", run_dir: str | None = None):
+        super().__init__()
+        self.train_index: CocoIndex = build_index(train.images, train.ann_file, keep_empty=keep_empty)
+        self.val_index: CocoIndex = build_index(val.images, val.ann_file, keep_empty=True)
+        if list(self.train_index.category_ids) != list(self.val_index.category_ids):
+            raise ValueError(f"train and val category ids differ: {self.train_index.category_ids.tolist()} vs "
+                             f"{self.val_index.category_ids.tolist()}; both splits must share one category list")
+        if on_bad_sample == "raise":
+            _refuse_index_problems(self.train_index)
+            _refuse_index_problems(self.val_index)
+        self.val_ann_file = val.ann_file
+        self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
+        self.val_batch_size = val_batch_size or batch_size
+        self.train_set = DetectionDataset(self.train_index, build_recipe(augment, image_size, **(augment_params or {})),
+                                          seed, on_bad_sample)
+        self.val_set = DetectionDataset(self.val_index, build_recipe("none", image_size), seed, on_bad_sample)
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.plan: LoaderPlan | None = None
+        self.bad_counts: Counter = Counter()  # (stage, epoch) -> replaced primary samples
+        self.seen_counts: Counter = Counter()
+
+    @property
+    def num_classes(self) -> int:
+        return self.train_index.num_classes
+
+    def set_plan(self, plan: LoaderPlan) -> None:
+        self.plan = plan
+
+    def _loader(self, dataset: DetectionDataset, batch_size: int, shuffle: bool) -> torch.utils.data.DataLoader:
+        if self.plan is None:
+            raise RuntimeError("CocoDataModule.set_plan(plan) must be called before the loaders are built")
+        rank, world = 0, 1
+        if self.trainer is not None:
+            rank, world = self.trainer.global_rank, self.trainer.world_size
+        sampler = EpochSampler(len(dataset), self.seed, shuffle, rank, world)
+        return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=flatten,
+                                           worker_init_fn=worker_init_fn, drop_last=False,
+                                           **self.plan.dataloader_kwargs())
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return self._loader(self.train_set, self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return self._loader(self.val_set, self.val_batch_size, shuffle=False)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        if not isinstance(batch, FlatBatch):
+            return batch
+        training = self.trainer is None or self.trainer.training
+        self.record_batch(batch, "train" if training else "val", self.trainer.current_epoch if self.trainer else 0)
+        return restore(batch)
+
+    def record_batch(self, batch: FlatBatch, stage: str, epoch: int) -> None:
+        """Count seen/replaced samples; append replaced ones to bad_samples.jsonl."""
+        replaced = sum(1 for r in batch.skipped if r["role"] == "sample")
+        self.bad_counts[(stage, epoch)] += replaced
+        self.seen_counts[(stage, epoch)] += batch.images.shape[0] - replaced
+        if batch.skipped and self.run_dir is not None:
+            with open(self.run_dir / "bad_samples.jsonl", "a") as f:
+                for record in batch.skipped:
+                    f.write(json.dumps({"stage": stage, **record}) + "\n")
+
+    def bad_sample_summary(self) -> dict:
+        """Per stage: seen/skipped of the last epoch (they add up to the split size) and all-epoch skips."""
+        out = {}
+        for stage in ("train", "val"):
+            epochs = sorted(e for s, e in self.seen_counts if s == stage)
+            if epochs:
+                last = epochs[-1]
+                out[stage] = {"epoch": last, "seen": self.seen_counts[(stage, last)],
+                              "skipped": self.bad_counts[(stage, last)],
+                              "skipped_all_epochs": sum(n for (s, _), n in self.bad_counts.items() if s == stage)}
+        return out
+
+
+def _refuse_index_problems(index: CocoIndex) -> None:
+    bad = [(int(i), str(p)) for i, p in zip(index.image_ids, index.problems) if p]
+    if bad:
+        listing = "; ".join(f"image_id={i}: {p}" for i, p in bad[:5])
+        raise ValueError(f"{index.ann_file}: {len(bad)} images refused at start: {listing}. "
+                         "Fix the file names, or set dataset.on_bad_sample=skip to skip them with a record")

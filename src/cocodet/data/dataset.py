@@ -1,0 +1,108 @@
+"""Map-style detection dataset: index -> decode -> recipe, with per-sample generators.
+
+Determinism contract (DESIGN §5): sample i of epoch e draws everything (mosaic partners,
+every transform, a bad sample's replacement) from ``np.random.default_rng((seed, e, i))``.
+The sampler hands out ``(epoch, i)`` keys, so persistent workers learn the epoch with each
+key instead of from state that would stay behind in a worker replica.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from cocodet.data.augment import Recipe
+from cocodet.data.coco import BadSampleError, CocoIndex, load_raw
+
+MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not worth continuing
+
+
+class DetectionDataset(torch.utils.data.Dataset):
+    """Samples are dicts: image (HxWx3 uint8 RGB), boxes [n,4] xyxy, labels [n], image_id,
+    transform (orig_h, orig_w, scale, pad_x, pad_y), stage_s (read, decode, augment seconds),
+    skipped (records of bad samples replaced while producing this one)."""
+
+    def __init__(self, index: CocoIndex, recipe: Recipe, seed: int, on_bad_sample: str = "raise"):
+        if on_bad_sample not in ("raise", "skip"):
+            raise ValueError(f"dataset.on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
+        self.index, self.recipe, self.seed, self.on_bad_sample = index, recipe, seed, on_bad_sample
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, key: Any) -> dict:
+        epoch, i = key if isinstance(key, tuple) else (0, int(key))
+        rng = np.random.default_rng((self.seed, epoch, i))
+        stage_s = np.zeros(3, dtype=np.float64)
+        skipped: list[dict] = []
+        k = i
+        for _ in range(MAX_REPLACEMENTS):
+            try:
+                raw = load_raw(self.index, k, stage_s)
+                break
+            except BadSampleError as e:
+                if self.on_bad_sample == "raise":
+                    raise
+                skipped.append({"epoch": epoch, "index": k, "image_id": e.image_id, "file": e.path,
+                                "reason": e.reason, "role": "sample"})
+                k = int(rng.integers(len(self.index)))  # deterministic replacement
+        else:
+            raise RuntimeError(f"{MAX_REPLACEMENTS} bad samples in a row starting at index {i}: "
+                               f"last {skipped[-1]}; run with dataset.verify=true to list them all")
+        partners = []
+        while len(partners) < self.recipe.partners:
+            j = int(rng.integers(len(self.index)))
+            try:
+                partners.append(load_raw(self.index, j, stage_s))
+            except BadSampleError as e:
+                if self.on_bad_sample == "raise":
+                    raise
+                skipped.append({"epoch": epoch, "index": j, "image_id": e.image_id, "file": e.path,
+                                "reason": e.reason, "role": "mosaic_partner"})
+                if len(skipped) > MAX_REPLACEMENTS:
+                    raise RuntimeError(f"too many bad mosaic partners around index {i}: {skipped[-1]}") from e
+        t0 = time.perf_counter()
+        (image, boxes, labels), scale = self.recipe(raw, rng, partners)
+        stage_s[2] = time.perf_counter() - t0
+        h, w = raw[0].shape[:2]
+        return {
+            "image": image,
+            "boxes": boxes,
+            "labels": labels,
+            "image_id": int(self.index.image_ids[k]),
+            "transform": np.array([h, w, scale, 0.0, 0.0], dtype=np.float32),
+            "stage_s": stage_s,
+            "skipped": skipped,
+        }
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Yields ``(epoch, i)`` keys; shuffles with a generator seeded by (seed, epoch).
+
+    Shards by rank for DDP (contiguous padding like DistributedSampler), so the stream of a
+    rank depends only on (seed, epoch, rank, world size) — never on the worker count.
+    Lightning calls ``set_epoch`` before each epoch.
+    """
+
+    def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1):
+        self.size, self.seed, self.shuffle = size, seed, shuffle
+        self.rank, self.world_size, self.epoch = rank, world_size, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-self.size // self.world_size)
+
+    def __iter__(self):
+        if self.shuffle:
+            order = np.random.default_rng((self.seed, self.epoch, 2**62)).permutation(self.size)
+        else:
+            order = np.arange(self.size)
+        per_rank = len(self)
+        order = np.resize(order, per_rank * self.world_size)  # pad by wrapping, as DistributedSampler
+        for i in order[self.rank::self.world_size]:
+            yield (self.epoch, int(i))

@@ -1,0 +1,142 @@
+"""Flattened-batch transport (DESIGN §4).
+
+A natural detection batch is ~7 tensors per image; with torch's ``file_descriptor`` sharing
+strategy each storage crossing the worker boundary costs a shm segment, an fd and an mmap.
+A FlatBatch is a fixed 8 tensors whatever the batch size and box count.
+
+Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
+    images       [B, 3, H, W] uint8   — 4x fewer shm bytes than float32; normalised on device
+    image_sizes  [B, 2] int64         — valid (h, w) of each image inside the padding
+    boxes        [N, 4] float32       — xyxy, all images concatenated
+    labels       [N] int64
+    box_counts   [B] int64            — boxes of image b are the slice after sum(box_counts[:b])
+    image_ids    [B] int64
+    transforms   [B, 5] float32       — (orig_h, orig_w, scale, pad_x, pad_y) to map predictions back
+    stage_s      [B, 4] float64       — read, decode, augment, collate seconds (measurement, §6)
+Plus ``skipped``: plain records of bad samples replaced in this batch (no tensors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+PAD_MULTIPLE = 32
+TENSOR_FIELDS = ("images", "image_sizes", "boxes", "labels", "box_counts", "image_ids", "transforms", "stage_s")
+
+
+class FlatBatch(NamedTuple):
+    images: torch.Tensor
+    image_sizes: torch.Tensor
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    box_counts: torch.Tensor
+    image_ids: torch.Tensor
+    transforms: torch.Tensor
+    stage_s: torch.Tensor
+    skipped: tuple = ()
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.images.shape[0])
+
+
+def _round_up(x: int, m: int = PAD_MULTIPLE) -> int:
+    return -(-x // m) * m
+
+
+def _alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed tensor; in a DataLoader worker it is created directly in shared memory.
+
+    Otherwise torch copies each storage into shm while pickling, in the result queue's feeder
+    thread, where a full /dev/shm is only printed and the batch silently lost (the main
+    process then waits forever). Allocating here makes a full /dev/shm raise in the worker,
+    where the DataLoader reports it, and saves one copy of every batch.
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return torch.zeros(shape, dtype=dtype)
+    numel = 1
+    for d in shape:
+        numel *= d
+    storage = torch.UntypedStorage._new_shared(max(1, numel) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # fresh shm files read as zeros
+
+
+def _from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    out = _alloc(tuple(array.shape), dtype)
+    if array.size:
+        out.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+    return out
+
+
+def flatten(samples: list[dict]) -> FlatBatch:
+    """Collate samples from :class:`~cocodet.data.dataset.DetectionDataset` into a FlatBatch."""
+    t0 = time.perf_counter()
+    b = len(samples)
+    hs = [s["image"].shape[0] for s in samples]
+    ws = [s["image"].shape[1] for s in samples]
+    images = _alloc((b, 3, _round_up(max(hs)), _round_up(max(ws))), torch.uint8)
+    for k, s in enumerate(samples):
+        images[k, :, : hs[k], : ws[k]] = torch.from_numpy(s["image"]).permute(2, 0, 1)
+    counts = [len(s["labels"]) for s in samples]
+    boxes = np.concatenate([np.asarray(s["boxes"], np.float32).reshape(-1, 4) for s in samples])
+    labels = np.concatenate([np.asarray(s["labels"], np.int64).reshape(-1) for s in samples])
+    stage_s = np.zeros((b, 4), dtype=np.float64)
+    stage_s[:, :3] = [s["stage_s"] for s in samples]
+    stage_s[:, 3] = (time.perf_counter() - t0) / b
+    return FlatBatch(
+        images=images,
+        image_sizes=_from_numpy(np.array(list(zip(hs, ws)), np.int64).reshape(b, 2), torch.int64),
+        boxes=_from_numpy(boxes, torch.float32),
+        labels=_from_numpy(labels, torch.int64),
+        box_counts=_from_numpy(np.array(counts, np.int64), torch.int64),
+        image_ids=_from_numpy(np.array([s["image_id"] for s in samples], np.int64), torch.int64),
+        transforms=_from_numpy(np.stack([s["transform"] for s in samples]).astype(np.float32), torch.float32),
+        stage_s=_from_numpy(stage_s, torch.float64),
+        skipped=tuple(r for s in samples for r in s["skipped"]),
+    )
+
+
+def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """Rebuild torchvision-detector inputs on whatever device ``flat`` lives on.
+
+    Returns float images in [0, 1] cropped to their valid size (views of one float copy of the
+    batch) and target dicts with ``boxes`` [n,4] float32, ``labels`` [n] int64, ``image_id`` and
+    ``transform`` (orig_h, orig_w, scale, pad_x, pad_y) to map predictions back.
+    """
+    images = flat.images.float().div_(255.0)
+    sizes = flat.image_sizes.tolist()
+    counts = flat.box_counts.tolist()
+    boxes = torch.split(flat.boxes, counts)
+    labels = torch.split(flat.labels, counts)
+    out_images = [images[k, :, :h, :w] for k, (h, w) in enumerate(sizes)]
+    targets = [
+        {"boxes": boxes[k], "labels": labels[k], "image_id": flat.image_ids[k], "transform": flat.transforms[k]}
+        for k in range(len(sizes))
+    ]
+    return out_images, targets
+
+
+def unrestore_uint8(images: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Inverse of restore's image conversion (exact for images that came from uint8)."""
+    return [im.mul(255.0).round_().to(torch.uint8) for im in images]
+
+
+def batch_bytes(batch_size: int, image_size: int, boxes_per_image: int = 100) -> int:
+    """Bytes of one transported FlatBatch at a square ``image_size`` (what the shm cap budgets)."""
+    side = _round_up(image_size)
+    per_image = 3 * side * side + 2 * 8 + 8 + 8 + 5 * 4 + 4 * 8 + boxes_per_image * (4 * 4 + 8)
+    return batch_size * per_image
+
+
+def update_digest(h: "hashlib._Hash", flat: FlatBatch) -> None:
+    """Fold a batch's content (everything the model sees, not timings) into a running hash."""
+    for name in ("images", "image_sizes", "boxes", "labels", "box_counts", "image_ids", "transforms"):
+        t = getattr(flat, name).detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
