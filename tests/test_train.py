@@ -41,3 +41,12 @@ def test_coco_tiny_one_epoch_prints_cocoeval(tmp_path, coco_tiny):
     proc, s = run_train(args, tmp_path / "run", timeout=1800)
     assert "Average Precision  (AP) @[ IoU=0.50:0.95" in proc.stdout + proc.stderr
     assert s["epochs"] == 1 and s["steps"] == 20
+
+
+@pytest.mark.slow
+def test_default_training_reaches_map50(tmp_path):
+    """`make train`'s run (the defaults, dataset generated in a temp dir): the end-to-end proof
+    that images, boxes, labels and evaluation line up."""
+    _, s = run_train([f"dataset.root={tmp_path / 'synthetic'}"], tmp_path / "run", timeout=1800)
+    assert s["map50"] >= 0.25, s
+    assert s["epochs"] == 6 and s["best_map"] is not None
