@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from cocodet.bench.harness import measure
+from cocodet.bench.harness import measure, storages_in
 from cocodet.data.flat_batch import flatten
 
 
@@ -66,23 +66,6 @@ def references_zip(samples):
 LAYOUTS = {"list_of_dicts": list_of_dicts, "references_zip": references_zip, "flat_batch": flatten}
 
 
-def storages(batch) -> int:
-    seen = set()
-
-    def visit(x):
-        if torch.is_tensor(x):
-            seen.add(x.untyped_storage().data_ptr())
-        elif isinstance(x, dict):
-            for v in x.values():
-                visit(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                visit(v)
-
-    visit(batch)
-    return len(seen)
-
-
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -104,7 +87,7 @@ def run_one(layout: str, batch: int, size: int, workers: int, prefetch: int, bat
 
     def on_batch(b):
         if not counts:
-            counts["storages"] = storages(b)
+            counts["storages"] = storages_in(b)
             counts["fds"] = open_fds() - fds0  # this batch alive, in-flight ones too
             counts["maps"] = open_maps() - maps0
 

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cocodet.bench.harness import storages_in
 from cocodet.data.flat_batch import FlatBatch, batch_bytes, flatten, restore, unrestore_uint8
 
 
@@ -83,34 +84,13 @@ def list_of_dicts_collate(samples):
     return images, targets
 
 
-def shared_storages(batch) -> int:
-    """Distinct shared-memory storages in a received batch: each one crossed the worker
-    boundary as its own segment (an fd and an mmap under the file_descriptor strategy)."""
-    seen = set()
-
-    def visit(x):
-        if torch.is_tensor(x):
-            s = x.untyped_storage()
-            if s.is_shared():
-                seen.add(s.data_ptr())
-        elif isinstance(x, dict):
-            for v in x.values():
-                visit(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                visit(v)
-
-    visit(batch)
-    return len(seen)
-
-
 @pytest.mark.parametrize("batch", [8, 64, 256])
 def test_storages_crossing_worker_boundary(batch):
     loader = torch.utils.data.DataLoader(_Samples(batch), batch_size=batch, num_workers=1, collate_fn=flatten)
     received = next(iter(loader))
     assert isinstance(received, FlatBatch)
-    assert 1 <= shared_storages(received) <= 8
+    assert 1 <= storages_in(received, shared_only=True) <= 8
     if batch == 8:  # the natural layout grows with the batch; this is what FlatBatch avoids
         natural = next(iter(torch.utils.data.DataLoader(_Samples(batch), batch_size=batch, num_workers=1,
                                                         collate_fn=list_of_dicts_collate)))
-        assert shared_storages(natural) >= 6 * batch
+        assert storages_in(natural, shared_only=True) >= 6 * batch

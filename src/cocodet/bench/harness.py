@@ -148,3 +148,22 @@ def calibrate_spin(target_ms: float = 1.0, repeats: int = 5) -> int:
         spin(n)
         best = min(best, time.perf_counter() - t0)
     return max(1, int(n * (target_ms / 1000.0) / best))
+
+
+def storages_in(batch, shared_only: bool = False) -> int:
+    """Distinct tensor storages in a (nested) batch. Received from a worker, each shared one
+    crossed the process boundary as its own segment: an fd and an mmap under torch's
+    ``file_descriptor`` strategy."""
+    seen = set()
+    stack = [batch]
+    while stack:
+        x = stack.pop()
+        if torch.is_tensor(x):
+            storage = x.untyped_storage()
+            if storage.is_shared() or not shared_only:
+                seen.add(storage.data_ptr())
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return len(seen)
