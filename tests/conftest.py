@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-COCO_TINY = (REPO.parent / "shared" / "data" / "coco_tiny").resolve()
+# The shared data folder sits beside the checkout (../shared), also in CI; override with
+# COCODET_COCO_TINY when the checkout lives elsewhere.
+COCO_TINY = Path(os.environ.get("COCODET_COCO_TINY", REPO.parent / "shared" / "data" / "coco_tiny")).resolve()
 
 
 @pytest.fixture(scope="session")
