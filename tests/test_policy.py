@@ -121,3 +121,27 @@ def test_table_names_every_cap():
     p = plan(batch_size=64, res=host(shm_free_bytes=200 * MiB))
     table = p.table()
     assert "cap shm" in table and "APPLIED" in table and "cap memory" in table
+
+
+def loader_cfg(**kw):
+    from omegaconf import OmegaConf
+
+    base = {"policy": "auto", "num_workers": None, "inherit_from": ["COCODET_NUM_WORKERS", "SLURM_CPUS_PER_TASK"]}
+    return OmegaConf.create({**base, **kw})
+
+
+def test_worker_request_sources():
+    from cocodet.app import worker_request
+
+    assert worker_request(loader_cfg(), [], {}) == ("auto", None)
+    # named on this run's command line -> explicit; arriving from a preset file -> inherited
+    assert worker_request(loader_cfg(num_workers=3), ["loader.num_workers=3"], {}) == ("explicit", 3)
+    assert worker_request(loader_cfg(num_workers=3), ["experiment=x"], {}) == ("inherited", 3)
+    assert worker_request(loader_cfg(policy="explicit", num_workers=5), [], {}) == ("explicit", 5)
+    env = {"SLURM_CPUS_PER_TASK": "16"}
+    assert worker_request(loader_cfg(policy="inherited"), [], env) == ("inherited", 16)
+    assert worker_request(loader_cfg(policy="inherited", num_workers=2), [], {}) == ("inherited", 2)
+    with pytest.raises(ValueError, match="SLURM_CPUS_PER_TASK"):
+        worker_request(loader_cfg(policy="inherited"), [], {})
+    with pytest.raises(ValueError, match="loader.num_workers=N"):
+        worker_request(loader_cfg(policy="explicit"), [], {})
