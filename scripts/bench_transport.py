@@ -16,7 +16,6 @@ import json
 import os
 import resource
 import sys
-import time
 
 import numpy as np
 import torch

@@ -6,7 +6,6 @@ import hashlib
 
 import cv2
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,6 +7,8 @@ sample do not copy-on-read a graph of Python dicts epoch after epoch.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -157,7 +159,7 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
 
     coco = COCO()  # fed the already-validated dict instead of re-reading the file
     coco.dataset = data
-    with _quiet_pycocotools():
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools reports progress with print()
         coco.createIndex()
     image_id_set = set(ids)
     dropped = {"missing_image": sum(1 for a in data["annotations"] if a["image_id"] not in image_id_set)}
@@ -208,20 +210,6 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
         ann_file=str(ann_file),
         dropped=dropped,
     )
-
-
-class _quiet_pycocotools:
-    """pycocotools prints progress with print(); keep stdout for the summary line."""
-
-    def __enter__(self):
-        import contextlib
-        import io
-
-        self._redirect = contextlib.redirect_stdout(io.StringIO())
-        self._redirect.__enter__()
-
-    def __exit__(self, *exc):
-        self._redirect.__exit__(*exc)
 
 
 def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 PAD_MULTIPLE = 32
-TENSOR_FIELDS = ("images", "image_sizes", "boxes", "labels", "box_counts", "image_ids", "transforms", "stage_s")
 
 
 class FlatBatch(NamedTuple):
