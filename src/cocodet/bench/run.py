@@ -69,7 +69,6 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
         skipped += sum(1 for r in batch.skipped if r["role"] == "sample")
 
     per_epoch = []
-    rss_per_epoch = []
     with PeakSampler(shm_path) as peaks:
         for epoch in range(epochs):
             loader.sampler.set_epoch(epoch)
@@ -77,9 +76,11 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
                         on_batch=on_batch if epoch == 0 else None, sync_cuda=cuda)
             report = m.report(min(warmup, max(0, len(m.waits) - 1)))
             peaks.sample()
-            workers = _worker_rss(loader)
-            rss_per_epoch.append(workers)
-            report["worker_rss_mb"] = round(np.mean(workers) / 2**20, 1) if workers else None
+            workers = _worker_memory(loader)
+            report["worker_rss_mb"] = round(np.mean([m.rss for m in workers]) / 2**20, 1) if workers else None
+            # USS (pages only this worker holds) is what each extra worker really costs; it is
+            # the number to give loader.worker_footprint_mb.
+            report["worker_uss_mb"] = round(np.mean([m.uss for m in workers]) / 2**20, 1) if workers else None
             per_epoch.append(report)
             log.info("bench epoch %d: %s", epoch, report)
     summary = {"mode": "bench", **per_epoch[0]}
@@ -90,26 +91,26 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
         stage_ms_per_sample={s: round(1000 * v / max(1, stage_n), 3) for s, v in zip(STAGES, stage_sum)},
         peak_rss_mb=round(peaks.peak_rss / 2**20, 1), peak_shm_mb=round(peaks.peak_shm / 2**20, 1),
         skipped_samples=skipped,
-        epochs=[{k: e[k] for k in ("examples_per_s", "first_batch_s", "wait_mean_ms", "worker_rss_mb")} for e in per_epoch],
+        epochs=[{k: e[k] for k in ("examples_per_s", "first_batch_s", "wait_mean_ms", "worker_rss_mb", "worker_uss_mb")} for e in per_epoch],
     )
     if len(per_epoch) > 1 and per_epoch[0]["worker_rss_mb"]:
         summary["worker_rss_growth"] = round(per_epoch[-1]["worker_rss_mb"] / per_epoch[0]["worker_rss_mb"] - 1, 4)
+        summary["worker_uss_mb"] = per_epoch[-1]["worker_uss_mb"]
     if producer == "dataset" and decode_probe > 0:
         summary["decode_bound"] = decode_bound(datamodule, decode_probe, plan.usable_cpus)
     summary.update({k: v for k, v in plan.summary().items() if k not in summary})
     return summary
 
 
-def _worker_rss(loader) -> list[int]:
-    """RSS of the loader's live worker processes (persistent workers survive between epochs)."""
+def _worker_memory(loader) -> list:
+    """psutil full memory info (rss, uss) of the loader's live workers (persistent ones survive epochs)."""
     import psutil
 
     iterator = getattr(loader, "_iterator", None)
-    workers = getattr(iterator, "_workers", []) if iterator is not None else []
     out = []
-    for w in workers:
+    for w in getattr(iterator, "_workers", []) if iterator is not None else []:
         try:
-            out.append(psutil.Process(w.pid).memory_info().rss)
+            out.append(psutil.Process(w.pid).memory_full_info())
         except (psutil.Error, AttributeError, ValueError):
             continue
     return out
