@@ -40,7 +40,7 @@ def test_coco_tiny_one_epoch_prints_cocoeval(tmp_path, coco_tiny):
     args = ["dataset=coco", f"dataset.root={coco_tiny}", "trainer.max_epochs=1", "dataset.image_size=320"]
     proc, s = run_train(args, tmp_path / "run", timeout=1800)
     assert "Average Precision  (AP) @[ IoU=0.50:0.95" in proc.stdout + proc.stderr
-    assert s["epochs"] == 1 and s["steps"] == 20
+    assert s["epochs"] == 1 and s["steps"] == 10  # 80 train images, batch 8
 
 
 @pytest.mark.slow
