@@ -62,8 +62,13 @@ def uses_cuda(cfg: DictConfig) -> bool:
 
 
 def ranks_per_host(cfg: DictConfig) -> int:
+    """Processes this run starts on this host (they share its CPUs and /dev/shm)."""
     devices = cfg.trainer.get("devices", 1)
-    return devices if isinstance(devices, int) and devices > 0 else 1
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if devices in (-1, "auto", "-1") and uses_cuda(cfg):
+        return max(1, torch.cuda.device_count())
+    return len(devices) if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices) else 1
 
 
 def worker_request(loader: DictConfig, overrides: list[str], environ: dict) -> tuple[str, int | None]:
