@@ -94,9 +94,11 @@ def test_num_workers_on_command_line_is_explicit_and_preset_is_inherited(tmp_pat
 
 def test_host_without_shm_is_not_capped(tmp_path, synthetic_root):
     args = [*synthetic_overrides(synthetic_root), "mode=plan", f"loader.shm_path={tmp_path / 'no_shm_here'}"]
-    _, s = run_train(args, tmp_path / "noshm")
+    proc, s = run_train(args, tmp_path / "noshm")
     shm_cap = next(c for c in s["caps"] if c["name"] == "shm")
     assert s["shm_free_bytes"] is None and not shm_cap["applied"] and "not capped" in shm_cap["reason"]
+    out = proc.stdout + proc.stderr
+    assert "host preflight" in out and "no_shm_here: none free of none" in out and "RLIMIT_NOFILE" in out
 
 
 @pytest.mark.parametrize("sig,expected", [(signal.SIGKILL, "memory"), (signal.SIGBUS, "/dev/shm ran out")])

@@ -141,6 +141,7 @@ def run(cfg: DictConfig) -> dict:
 
         verify_datamodule(datamodule, run_dir)
     if cfg.mode == "plan":
+        log.info("host preflight:\n%s", resources.table())
         summary = {"mode": "plan", **plan.summary(), "host": resources.as_dict()}
     elif cfg.mode == "bench":
         summary = bench(cfg, datamodule, plan)

@@ -33,6 +33,21 @@ class HostResources:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def table(self) -> str:
+        """Host preflight: every resource the plan reads, with its number."""
+        def mib(x):
+            return "none" if x is None else f"{x / 2**20:.1f} MiB"
+
+        rows = [
+            ("CPUs", f"{self.usable_cpus} usable per rank (affinity {self.affinity_cpus}, cgroup quota "
+                     f"{self.cgroup_cpus if self.cgroup_cpus is not None else 'none'}, {self.local_world_size} local ranks)"),
+            ("shm", f"{self.shm_path}: {mib(self.shm_free_bytes)} free of {mib(self.shm_total_bytes)}"),
+            ("memory", f"{mib(self.memory_available_bytes)} available ({self.memory_source})"),
+            ("RLIMIT_NOFILE", f"soft {self.nofile_soft}, hard {self.nofile_hard}"),
+            ("vm.max_map_count", str(self.max_map_count)),
+        ]
+        return "\n".join(f"  {k:<16}  {v}" for k, v in rows)
+
 
 def _own_cgroup_dirs() -> list[Path]:
     """cgroup v2 directories of this process, innermost first, up to the root."""
