@@ -77,10 +77,10 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
             report = m.report(min(warmup, max(0, len(m.waits) - 1)))
             peaks.sample()
             workers = _worker_memory(loader)
-            report["worker_rss_mb"] = round(np.mean([m.rss for m in workers]) / 2**20, 1) if workers else None
+            report["worker_rss_mb"] = round(np.mean([mem.rss for mem in workers]) / 2**20, 1) if workers else None
             # USS (pages only this worker holds) is what each extra worker really costs; it is
             # the number to give loader.worker_footprint_mb.
-            report["worker_uss_mb"] = round(np.mean([m.uss for m in workers]) / 2**20, 1) if workers else None
+            report["worker_uss_mb"] = round(np.mean([mem.uss for mem in workers]) / 2**20, 1) if workers else None
             per_epoch.append(report)
             log.info("bench epoch %d: %s", epoch, report)
     summary = {"mode": "bench", **per_epoch[0]}
