@@ -71,12 +71,16 @@ def worker_signals(error: BaseException) -> dict[int, str]:
 def _failed_iterators(error: BaseException) -> list:
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-    found, tb = [], error.__traceback__
-    while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if isinstance(owner, _MultiProcessingDataLoaderIter) and owner not in found:
-            found.append(owner)
-        tb = tb.tb_next
+    found = []
+    chained: BaseException | None = error
+    while chained is not None:  # a late signal error carries the original one as __context__
+        tb = chained.__traceback__
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            if isinstance(owner, _MultiProcessingDataLoaderIter) and owner not in found:
+                found.append(owner)
+            tb = tb.tb_next
+        chained = chained.__context__
     return found
 
 
@@ -134,19 +138,35 @@ def explained_loader_failures(plan: LoaderPlan, shm_path: str = "/dev/shm") -> I
     """Re-raise loader failures inside the block as LoaderFailure with the diagnosis."""
     try:
         yield
+    except LoaderFailure:
+        raise
     except (RuntimeError, OSError, EOFError) as e:  # torch: RuntimeError; shm/fd/socket errors: OSError
-        # More workers will exit during shutdown; torch's SIGCHLD handler would raise again,
-        # asynchronously, on top of this diagnosis. Block it while diagnosing, then unregister.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-        try:
-            if isinstance(e, LoaderFailure):
-                raise
-            diagnosis = explain(e, plan, shm_path)
-            if diagnosis is not None:
-                _forget_workers(e)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        error, diagnosis = _diagnose(e, plan, shm_path)
         if diagnosis is None:
             raise
         log.error("%s", diagnosis)
-        raise LoaderFailure(diagnosis) from e
+        raise LoaderFailure(diagnosis) from error
+
+
+def _diagnose(error: BaseException, plan: LoaderPlan, shm_path: str) -> tuple[BaseException, str | None]:
+    """explain() shielded from torch's SIGCHLD handler.
+
+    A dying worker can surface twice: as a broken transfer in the main thread and, a moment
+    later, as the RuntimeError torch's SIGCHLD handler raises asynchronously. SIGCHLD is
+    blocked while diagnosing and the failed loader's workers are unregistered, so the handler
+    does not raise on top of the diagnosis; if it fired before the block took effect, its
+    error (which names the signal) is diagnosed instead.
+    """
+    for _ in range(4):  # each retry needs a new worker death; a few cover every worker of a loader
+        try:
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+            try:
+                diagnosis = explain(error, plan, shm_path)
+                if diagnosis is not None:
+                    _forget_workers(error)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            return error, diagnosis
+        except RuntimeError as late:
+            error = late
+    return error, None
