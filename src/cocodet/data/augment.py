@@ -66,7 +66,8 @@ class Basic(Recipe):
         self.flip_p = flip_p
 
     def __call__(self, raw, rng, partner_raws):
-        (image, boxes, labels), scale = Letterbox.__call__(self, raw, rng, partner_raws)
+        image, boxes, labels = raw
+        image, boxes, scale = letterbox(image, boxes, self.image_size)
         if rng.random() < self.flip_p:
             image, boxes = _hflip(image, boxes)
         return (image, boxes, labels), scale
@@ -86,7 +87,6 @@ class Mosaic(Recipe):
                  min_box_px: float = 2.0, min_visibility: float = 0.1):
         super().__init__(image_size)
         s = image_size
-        self.mosaic_p = mosaic_p
         bbox = A.BboxParams(format="pascal_voc", label_fields=["labels"], min_width=min_box_px,
                             min_height=min_box_px, min_visibility=min_visibility, clip=True,
                             filter_invalid_bboxes=True)

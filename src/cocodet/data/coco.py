@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,8 +219,6 @@ def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None) -> tup
     Raises BadSampleError naming file, image id and reason. ``timings`` (read, decode) in
     seconds are accumulated in place when given.
     """
-    import time
-
     path, image_id = str(index.paths[k]), int(index.image_ids[k])
     if index.problems[k]:
         raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))

@@ -33,6 +33,13 @@ class DetectionDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
+    def _skip_record(self, error: BadSampleError, epoch: int, index: int, role: str) -> dict:
+        """The bad_samples.jsonl record for a skipped image; re-raises in raise mode."""
+        if self.on_bad_sample == "raise":
+            raise error
+        return {"epoch": epoch, "index": index, "image_id": error.image_id, "file": error.path,
+                "reason": error.reason, "role": role}
+
     def __getitem__(self, key: Any) -> dict:
         epoch, i = key if isinstance(key, tuple) else (0, int(key))
         rng = np.random.default_rng((self.seed, epoch, i))
@@ -44,10 +51,7 @@ class DetectionDataset(torch.utils.data.Dataset):
                 raw = load_raw(self.index, k, stage_s)
                 break
             except BadSampleError as e:
-                if self.on_bad_sample == "raise":
-                    raise
-                skipped.append({"epoch": epoch, "index": k, "image_id": e.image_id, "file": e.path,
-                                "reason": e.reason, "role": "sample"})
+                skipped.append(self._skip_record(e, epoch, k, "sample"))
                 k = int(rng.integers(len(self.index)))  # deterministic replacement
         else:
             raise RuntimeError(f"{MAX_REPLACEMENTS} bad samples in a row starting at index {i}: "
@@ -58,10 +62,7 @@ class DetectionDataset(torch.utils.data.Dataset):
             try:
                 partners.append(load_raw(self.index, j, stage_s))
             except BadSampleError as e:
-                if self.on_bad_sample == "raise":
-                    raise
-                skipped.append({"epoch": epoch, "index": j, "image_id": e.image_id, "file": e.path,
-                                "reason": e.reason, "role": "mosaic_partner"})
+                skipped.append(self._skip_record(e, epoch, j, "mosaic_partner"))
                 if len(skipped) > MAX_REPLACEMENTS:
                     raise RuntimeError(f"too many bad mosaic partners around index {i}: {skipped[-1]}") from e
         t0 = time.perf_counter()
