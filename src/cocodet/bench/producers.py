@@ -38,8 +38,9 @@ class CostDataset(torch.utils.data.Dataset):
             "boxes": rng.uniform(0, s / 2, size=(2, 4)).astype(np.float32) + np.float32([0, 0, s / 2, s / 2]),
             "labels": np.array([1, 2], dtype=np.int64),
             "image_id": i,
-            "transform": np.array([s, s, 1.0, 0.0, 0.0], dtype=np.float32),
-            "stage_s": np.array([0.0, 0.0, time.perf_counter() - t0]),
+            "to_original": np.array([s, s, 1.0], dtype=np.float32),
+            "stage_seconds": np.array([0.0, 0.0, time.perf_counter() - t0]),
+            "pad_share": 0.0,
             "skipped": [],
         }
 

@@ -10,40 +10,63 @@ from typing import Callable
 import numpy as np
 import torch
 
-from cocodet.bench.harness import PeakSampler, calibrate_spin, measure
+from cocodet.bench.harness import Measurement, PeakSampler, calibrate_spin, measure
 from cocodet.bench.producers import CostDataset, make_consumer
-from cocodet.data.coco import load_raw
+from cocodet.bench.transfer import TransferTimer, to_device
+from cocodet.data.coco import decode_image
 from cocodet.data.datamodule import CocoDataModule
 from cocodet.data.dataset import EpochSampler
-from cocodet.data.flat_batch import FlatBatch, flatten, update_digest
+from cocodet.data.flat_batch import STATS_COLUMNS, FlatBatch, flatten, update_digest
 from cocodet.loader.policy import LoaderPlan
 from cocodet.loader.worker import worker_init_fn
 
 log = logging.getLogger(__name__)
-STAGES = ("read", "decode", "augment", "collate")
 
 
-def decode_bound(datamodule: CocoDataModule, images: int, cpus: int) -> float | None:
-    """Samples/s that JPEG read+decode alone allows on ``cpus`` cores for this recipe."""
+def decode_probe(datamodule: CocoDataModule, images: int) -> float | None:
+    """Milliseconds one core takes to decode one of the dataset's own files at full resolution.
+
+    Files are read first, so only the decode (and the colour conversion the loader does) is
+    timed; a file that fails to decode costs nothing and is left out.
+    """
     index = datamodule.train_index
-    n = min(images, len(index))
-    if n == 0:
-        return None
-    t0 = time.perf_counter()
-    for k in range(n):
+    blobs = []
+    for k in range(min(images, len(index))):
         try:
-            load_raw(index, k)
-        except Exception:  # a bad image costs nothing to decode; the bound ignores it
-            pass
-    per_image = (time.perf_counter() - t0) / n
-    decodes_per_sample = 1 + datamodule.train_set.recipe.partners
-    return round(cpus / (per_image * decodes_per_sample), 1)
+            with open(index.paths[k], "rb") as f:
+                blobs.append(f.read())
+        except OSError:
+            continue
+    times = []
+    for data in blobs:
+        t0 = time.perf_counter()
+        try:
+            decode_image(data)
+        except ValueError:
+            continue
+        times.append(time.perf_counter() - t0)
+    return 1000.0 * float(np.median(times)) if times else None
+
+
+def decode_bounds(decode_ms: float, cpus: int, decodes_per_sample: float) -> dict:
+    """Samples/s that JPEG decoding alone allows on ``cpus`` cores: for this recipe, and for a
+    naive 4-decode mosaic whatever the recipe does (the reference the speed issues use)."""
+    return {"decode_ms_per_image": round(decode_ms, 3),
+            "decode_bound": round(cpus * 1000.0 / (decode_ms * decodes_per_sample), 1),
+            "decode_bound_4": round(cpus * 1000.0 / (decode_ms * 4), 1)}
 
 
 def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, work_ms: float, batches: int | None,
               warmup: int, epochs: int, digest_batches: int, producer: str, producer_ms: float,
-              producer_samples: int, decode_probe: int, shm_path: str = "/dev/shm",
-              train_step: Callable | None = None, cuda: bool = False) -> dict:
+              producer_samples: int, decode_probe_images: int, shm_path: str = "/dev/shm",
+              train_step: Callable | None = None, device: torch.device = torch.device("cpu"),
+              preload: bool = False) -> dict:
+    """Measure the train loader across epochs until ``batches`` batches after warm-up exist.
+
+    Warm-up (``warmup`` batches) is discarded once, at the start; each epoch's first-batch
+    wait (its start-up) is also reported apart (``epoch_start_s``). ``batches=None`` measures
+    whole epochs, ``epochs`` of them; otherwise ``epochs`` is the minimum number of epochs.
+    """
     iters_per_ms = calibrate_spin(1.0) if "spin" in (consumer, producer) else 0
     if producer == "dataset":
         loader = datamodule.train_dataloader()
@@ -53,53 +76,95 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
             dataset, batch_size=plan.batch_size, sampler=EpochSampler(len(dataset), 0, False), collate_fn=flatten,
             worker_init_fn=worker_init_fn, **plan.dataloader_kwargs())
     consume = make_consumer(consumer, work_ms, iters_per_ms, train_step)
+    cuda = device.type == "cuda"
+    timer = TransferTimer()
+    if cuda and not preload:
+        step = consume
+
+        def consume(batch) -> None:
+            with timer.timing(device):
+                batch = to_device(batch, device)
+            step(batch)
+    if preload:
+        loader = _preloaded(loader, device, warmup + (batches or len(loader)))
     digest = hashlib.sha256()
-    stage_sum = np.zeros(4)
-    stage_n = 0
+    stats_sum = np.zeros(len(STATS_COLUMNS))
+    stats_n = 0
     digested = 0
     skipped = 0
 
     def on_batch(batch: FlatBatch) -> None:
-        nonlocal stage_n, digested, skipped
+        nonlocal stats_n, digested, skipped
         if digested < digest_batches:
             update_digest(digest, batch)
             digested += 1
-        stage_sum[:] += batch.stage_s.sum(0).numpy()
-        stage_n += batch.images.shape[0]
+        stats_sum[:] += batch.sample_stats.sum(0).numpy()
+        stats_n += batch.images.shape[0]
         skipped += sum(1 for r in batch.skipped if r["role"] == "sample")
 
+    m = Measurement()
     per_epoch = []
     with PeakSampler(shm_path) as peaks:
-        for epoch in range(epochs):
-            loader.sampler.set_epoch(epoch)
-            m = measure(loader, consume, count=lambda b: b.images.shape[0], max_batches=batches,
-                        on_batch=on_batch if epoch == 0 else None, sync_cuda=cuda)
-            report = m.report(min(warmup, max(0, len(m.waits) - 1)))
+        epoch = 0
+        while epoch < epochs or (batches is not None and len(m.waits) < warmup + batches):
+            if hasattr(loader, "sampler"):
+                loader.sampler.set_epoch(epoch)
+            wanted = None if batches is None else max(1, warmup + batches - len(m.waits))
+            before = len(m.waits)
+            measure(loader, consume, count=lambda b: b.images.shape[0], max_batches=wanted, on_batch=on_batch,
+                    sync_cuda=cuda, into=m)
             peaks.sample()
             workers = _worker_memory(loader)
-            report["worker_rss_mb"] = round(np.mean([mem.rss for mem in workers]) / 2**20, 1) if workers else None
             # USS (pages only this worker holds) is what each extra worker really costs; it is
             # the number to give loader.worker_footprint_mb.
-            report["worker_uss_mb"] = round(np.mean([mem.uss for mem in workers]) / 2**20, 1) if workers else None
-            per_epoch.append(report)
-            log.info("bench epoch %d: %s", epoch, report)
-    summary = {"mode": "bench", **per_epoch[0]}
+            per_epoch.append({
+                "epoch": epoch, "start_s": round(m.epoch_starts[-1], 4), "batches": len(m.waits) - before,
+                "worker_rss_mb": round(np.mean([mem.rss for mem in workers]) / 2**20, 1) if workers else None,
+                "worker_uss_mb": round(np.mean([mem.uss for mem in workers]) / 2**20, 1) if workers else None,
+            })
+            log.info("bench epoch %d: %s", epoch, per_epoch[-1])
+            epoch += 1
+    summary = {"mode": "bench", **m.report(min(warmup, max(0, len(m.waits) - 1)))}
+    stats = {c: v / max(1, stats_n) for c, v in zip(STATS_COLUMNS, stats_sum)}
     summary.update(
         batch_digest=digest.hexdigest() if digested else None,
         digest_batches=digested,
         consumer=consumer, producer=producer,
-        stage_ms_per_sample={s: round(1000 * v / max(1, stage_n), 3) for s, v in zip(STAGES, stage_sum)},
+        stage_ms_per_sample={c[:-2]: round(1000 * stats[c], 3) for c in STATS_COLUMNS if c.endswith("_s")},
+        pad_share=round(stats["pad_share"], 4),
         peak_rss_mb=round(peaks.peak_rss / 2**20, 1), peak_shm_mb=round(peaks.peak_shm / 2**20, 1),
         skipped_samples=skipped,
-        epochs=[{k: e[k] for k in ("examples_per_s", "first_batch_s", "wait_mean_ms", "worker_rss_mb", "worker_uss_mb")} for e in per_epoch],
+        epochs=per_epoch,
+        preloaded=preload,
+        **timer.summary(),
     )
     if len(per_epoch) > 1 and per_epoch[0]["worker_rss_mb"]:
         summary["worker_rss_growth"] = round(per_epoch[-1]["worker_rss_mb"] / per_epoch[0]["worker_rss_mb"] - 1, 4)
         summary["worker_uss_mb"] = per_epoch[-1]["worker_uss_mb"]
-    if producer == "dataset" and decode_probe > 0:
-        summary["decode_bound"] = decode_bound(datamodule, decode_probe, plan.usable_cpus)
+    if producer == "dataset" and decode_probe_images > 0:
+        decode_ms = decode_probe(datamodule, decode_probe_images)
+        if decode_ms:
+            recipe = datamodule.train_set.recipe
+            summary.update(decode_bounds(decode_ms, plan.usable_cpus, 1 + recipe.mean_partners))
+            augment_ms = summary["stage_ms_per_sample"]["augment"]
+            summary["augment_vs_decode"] = round(augment_ms / decode_ms, 3)
     summary.update({k: v for k, v in plan.summary().items() if k not in summary})
     return summary
+
+
+def _preloaded(loader, device: torch.device, count: int) -> list:
+    """``count`` batches from ``loader`` (cycling its epochs), already on ``device``."""
+    batches, epoch = [], 0
+    while len(batches) < count:
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            batches.append(to_device(batch, device))
+            if len(batches) == count:
+                break
+        epoch += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return batches
 
 
 def _worker_memory(loader) -> list:

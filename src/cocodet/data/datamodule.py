@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from cocodet.bench.transfer import TransferTimer, to_device
 from cocodet.data.augment import build_recipe
 from cocodet.data.coco import CocoIndex, build_index
 from cocodet.data.dataset import DetectionDataset, EpochSampler
@@ -59,6 +61,9 @@ class CocoDataModule(L.LightningDataModule):
         self.plan: LoaderPlan | None = None
         self.bad_counts: Counter = Counter()  # (stage, epoch) -> replaced primary samples
         self.seen_counts: Counter = Counter()
+        self.transfer_timer = TransferTimer()  # train batches' host-to-device copies
+        self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
+        self._pin_checked = False
 
     @property
     def num_classes(self) -> int:
@@ -83,6 +88,23 @@ class CocoDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return self._loader(self.val_set, self.val_batch_size, shuffle=False)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        self.fetched_at = time.perf_counter()
+        return batch
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        if not isinstance(batch, FlatBatch):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if device.type == "cuda" and not self._pin_checked:
+            self._pin_checked = True
+            if self.plan is not None and self.plan.pin_memory and not batch.images.is_pinned():
+                log.warning("loader.pin_memory is on but batches arrive unpinned: copies to %s cannot overlap "
+                            "compute. Check that nothing between the DataLoader and the Trainer copies them", device)
+        if self.trainer is not None and not self.trainer.training:
+            return to_device(batch, device)
+        with self.transfer_timer.timing(device):
+            return to_device(batch, device)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if not isinstance(batch, FlatBatch):

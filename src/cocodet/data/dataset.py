@@ -22,7 +22,8 @@ MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not
 
 class DetectionDataset(torch.utils.data.Dataset):
     """Samples are dicts: image (HxWx3 uint8 RGB), boxes [n,4] xyxy, labels [n], image_id,
-    transform (orig_h, orig_w, scale, pad_x, pad_y), stage_s (read, decode, augment seconds),
+    to_original (orig_h, orig_w, scale: output pixel / scale = stored pixel), stage_seconds
+    (read, decode, augment), pad_share (fraction of output pixels no source image covers),
     skipped (records of bad samples replaced while producing this one)."""
 
     def __init__(self, index: CocoIndex, recipe: Recipe, seed: int, on_bad_sample: str = "raise"):
@@ -43,12 +44,12 @@ class DetectionDataset(torch.utils.data.Dataset):
     def __getitem__(self, key: Any) -> dict:
         epoch, i = key if isinstance(key, tuple) else (0, int(key))
         rng = np.random.default_rng((self.seed, epoch, i))
-        stage_s = np.zeros(3, dtype=np.float64)
+        stage_seconds = np.zeros(3, dtype=np.float64)
         skipped: list[dict] = []
         k = i
         for _ in range(MAX_REPLACEMENTS):
             try:
-                raw = load_raw(self.index, k, stage_s)
+                raw = load_raw(self.index, k, stage_seconds)
                 break
             except BadSampleError as e:
                 skipped.append(self._skip_record(e, epoch, k, "sample"))
@@ -57,25 +58,27 @@ class DetectionDataset(torch.utils.data.Dataset):
             raise RuntimeError(f"{MAX_REPLACEMENTS} bad samples in a row starting at index {i}: "
                                f"last {skipped[-1]}; run with dataset.verify=true to list them all")
         partners = []
-        while len(partners) < self.recipe.partners:
+        wanted = self.recipe.partners(rng)
+        while len(partners) < wanted:
             j = int(rng.integers(len(self.index)))
             try:
-                partners.append(load_raw(self.index, j, stage_s))
+                partners.append(load_raw(self.index, j, stage_seconds))
             except BadSampleError as e:
                 skipped.append(self._skip_record(e, epoch, j, "mosaic_partner"))
                 if len(skipped) > MAX_REPLACEMENTS:
                     raise RuntimeError(f"too many bad mosaic partners around index {i}: {skipped[-1]}") from e
         t0 = time.perf_counter()
-        (image, boxes, labels), scale = self.recipe(raw, rng, partners)
-        stage_s[2] = time.perf_counter() - t0
+        out = self.recipe(raw, rng, partners)
+        stage_seconds[2] = time.perf_counter() - t0
         h, w = raw[0].shape[:2]
         return {
-            "image": image,
-            "boxes": boxes,
-            "labels": labels,
+            "image": out.image,
+            "boxes": out.boxes,
+            "labels": out.labels,
             "image_id": int(self.index.image_ids[k]),
-            "transform": np.array([h, w, scale, 0.0, 0.0], dtype=np.float32),
-            "stage_s": stage_s,
+            "to_original": np.array([h, w, out.scale], dtype=np.float32),
+            "stage_seconds": stage_seconds,
+            "pad_share": out.pad_share,
             "skipped": skipped,
         }
 

@@ -11,8 +11,9 @@ Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
     labels       [N] int64
     box_counts   [B] int64            — boxes of image b are the slice after sum(box_counts[:b])
     image_ids    [B] int64
-    transforms   [B, 5] float32       — (orig_h, orig_w, scale, pad_x, pad_y) to map predictions back
-    stage_s      [B, 4] float64       — read, decode, augment, collate seconds (measurement, §6)
+    to_original  [B, 3] float32       — (orig_h, orig_w, scale): output pixel / scale = stored pixel
+    sample_stats [B, 5] float64       — STATS_COLUMNS: read, decode, augment, collate seconds and the
+                                        pad share (measurement, DESIGN §6; never reaches the model)
 Plus ``skipped``: plain records of bad samples replaced in this batch (no tensors).
 """
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 PAD_MULTIPLE = 32
+STATS_COLUMNS = ("read_s", "decode_s", "augment_s", "collate_s", "pad_share")
 
 
 class FlatBatch(NamedTuple):
@@ -35,13 +37,9 @@ class FlatBatch(NamedTuple):
     labels: torch.Tensor
     box_counts: torch.Tensor
     image_ids: torch.Tensor
-    transforms: torch.Tensor
-    stage_s: torch.Tensor
+    to_original: torch.Tensor
+    sample_stats: torch.Tensor
     skipped: tuple = ()
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.images.shape[0])
 
 
 def _round_up(x: int, m: int = PAD_MULTIPLE) -> int:
@@ -84,9 +82,10 @@ def flatten(samples: list[dict]) -> FlatBatch:
     counts = [len(s["labels"]) for s in samples]
     boxes = np.concatenate([np.asarray(s["boxes"], np.float32).reshape(-1, 4) for s in samples])
     labels = np.concatenate([np.asarray(s["labels"], np.int64).reshape(-1) for s in samples])
-    stage_s = np.zeros((b, 4), dtype=np.float64)
-    stage_s[:, :3] = [s["stage_s"] for s in samples]
-    stage_s[:, 3] = (time.perf_counter() - t0) / b
+    stats = np.zeros((b, len(STATS_COLUMNS)), dtype=np.float64)
+    stats[:, :3] = [s["stage_seconds"] for s in samples]
+    stats[:, 4] = [s["pad_share"] for s in samples]
+    stats[:, 3] = (time.perf_counter() - t0) / b
     return FlatBatch(
         images=images,
         image_sizes=_from_numpy(np.array(list(zip(hs, ws)), np.int64).reshape(b, 2), torch.int64),
@@ -94,8 +93,8 @@ def flatten(samples: list[dict]) -> FlatBatch:
         labels=_from_numpy(labels, torch.int64),
         box_counts=_from_numpy(np.array(counts, np.int64), torch.int64),
         image_ids=_from_numpy(np.array([s["image_id"] for s in samples], np.int64), torch.int64),
-        transforms=_from_numpy(np.stack([s["transform"] for s in samples]).astype(np.float32), torch.float32),
-        stage_s=_from_numpy(stage_s, torch.float64),
+        to_original=_from_numpy(np.stack([s["to_original"] for s in samples]).astype(np.float32), torch.float32),
+        sample_stats=_from_numpy(stats, torch.float64),
         skipped=tuple(r for s in samples for r in s["skipped"]),
     )
 
@@ -105,7 +104,7 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
 
     Returns float images in [0, 1] cropped to their valid size (views of one float copy of the
     batch) and target dicts with ``boxes`` [n,4] float32, ``labels`` [n] int64, ``image_id`` and
-    ``transform`` (orig_h, orig_w, scale, pad_x, pad_y) to map predictions back.
+    ``to_original`` (orig_h, orig_w, scale) to map predictions back.
     """
     images = flat.images.float().div_(255.0)
     sizes = flat.image_sizes.tolist()
@@ -114,7 +113,7 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
     labels = torch.split(flat.labels, counts)
     out_images = [images[k, :, :h, :w] for k, (h, w) in enumerate(sizes)]
     targets = [
-        {"boxes": boxes[k], "labels": labels[k], "image_id": flat.image_ids[k], "transform": flat.transforms[k]}
+        {"boxes": boxes[k], "labels": labels[k], "image_id": flat.image_ids[k], "to_original": flat.to_original[k]}
         for k in range(len(sizes))
     ]
     return out_images, targets
@@ -128,14 +127,21 @@ def unrestore_uint8(images: list[torch.Tensor]) -> list[torch.Tensor]:
 def batch_bytes(batch_size: int, image_size: int, boxes_per_image: int = 100) -> int:
     """Bytes of one transported FlatBatch at a square ``image_size`` (what the shm cap budgets)."""
     side = _round_up(image_size)
-    per_image = 3 * side * side + 2 * 8 + 8 + 8 + 5 * 4 + 4 * 8 + boxes_per_image * (4 * 4 + 8)
+    per_image = 3 * side * side + 2 * 8 + 8 + 8 + 3 * 4 + len(STATS_COLUMNS) * 8 + boxes_per_image * (4 * 4 + 8)
     return batch_size * per_image
 
 
 def update_digest(h: "hashlib._Hash", flat: FlatBatch) -> None:
-    """Fold a batch's content (everything the model sees, not timings) into a running hash."""
-    for name in ("images", "image_sizes", "boxes", "labels", "box_counts", "image_ids", "transforms"):
-        t = getattr(flat, name).detach().cpu().contiguous()
-        h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.numpy().tobytes())
+    """Fold what the model sees of a batch into a running hash, image by image: valid pixels,
+    size, image id, boxes and labels. Padding, field names, layout and timings do not count,
+    so the digest survives a change of transport."""
+    images = flat.images.detach().cpu()
+    sizes = flat.image_sizes.cpu().tolist()
+    counts = flat.box_counts.cpu().tolist()
+    boxes = torch.split(flat.boxes.detach().cpu().float(), counts)
+    labels = torch.split(flat.labels.cpu(), counts)
+    for k, (height, width) in enumerate(sizes):
+        h.update(np.array([height, width, int(flat.image_ids[k]), counts[k]], np.int64).tobytes())
+        h.update(images[k, :, :height, :width].contiguous().numpy().tobytes())
+        h.update(boxes[k].contiguous().numpy().tobytes())
+        h.update(labels[k].contiguous().numpy().astype(np.int64).tobytes())

@@ -63,7 +63,7 @@ class DetectorModule(L.LightningModule):
         for out, target in zip(outputs, targets):
             # FCOS/RetinaNet score label 0 too; it is background here and has no COCO id.
             keep = (out["labels"] > 0).cpu().numpy()
-            boxes = to_original_frame(out["boxes"].float().cpu().numpy()[keep], target["transform"].cpu().numpy())
+            boxes = to_original_frame(out["boxes"].float().cpu().numpy()[keep], target["to_original"].cpu().numpy())
             labels = out["labels"].cpu().numpy()[keep]
             image_id = int(target["image_id"])
             self._image_ids.append(image_id)

@@ -18,12 +18,11 @@ def load_ground_truth(ann_file: str | Path) -> COCO:
         return COCO(str(ann_file))
 
 
-def to_original_frame(boxes: np.ndarray, transform: np.ndarray) -> np.ndarray:
-    """Map xyxy boxes from the letterboxed input back to the stored image: undo pad and scale, clip."""
-    orig_h, orig_w, scale, pad_x, pad_y = transform
-    out = boxes.astype(np.float64).copy()
-    out[:, 0::2] = (out[:, 0::2] - pad_x) / scale
-    out[:, 1::2] = (out[:, 1::2] - pad_y) / scale
+def to_original_frame(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
+    """Map xyxy boxes from the letterboxed input (padded bottom/right) back to the stored image:
+    undo the scale, clip to the image."""
+    orig_h, orig_w, scale = to_original
+    out = boxes.astype(np.float64) / scale
     np.clip(out[:, 0::2], 0, orig_w, out=out[:, 0::2])
     np.clip(out[:, 1::2], 0, orig_h, out=out[:, 1::2])
     return out

@@ -1,0 +1,88 @@
+"""The GPU path where a CPU can check it: precision choice, pinning decision, transfer timing,
+and the prepared GPU check script's answer on a host without CUDA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+import torch
+
+from conftest import REPO
+from cocodet.bench.transfer import TransferTimer, to_device
+from cocodet.data.flat_batch import FlatBatch
+from cocodet.loader.policy import plan_loader
+from cocodet.loader.resources import HostResources
+from cocodet.models.precision import choose_precision
+
+
+@pytest.mark.parametrize("cuda, bf16, expected", [(True, True, "bf16-mixed"), (True, False, "16-mixed"),
+                                                 (False, False, "32-true")])
+def test_auto_mixed_precision_follows_the_gpu(cuda, bf16, expected):
+    assert choose_precision("auto-mixed", cuda, bf16) == expected
+
+
+def test_explicit_precision_passes_through():
+    assert choose_precision("16-mixed", True, True) == "16-mixed"
+    assert choose_precision("32-true", True, True) == "32-true"
+
+
+def test_gpu_trainer_preset_asks_for_auto_mixed():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["trainer=gpu"])
+    assert cfg.trainer.precision == "auto-mixed" and cfg.trainer.accelerator == "gpu"
+
+
+def resources() -> HostResources:
+    return HostResources(affinity_cpus=4, cgroup_cpus=None, local_world_size=1, usable_cpus=4, shm_path="/dev/shm",
+                         shm_total_bytes=8 << 30, shm_free_bytes=8 << 30, nofile_soft=65536, nofile_hard=65536,
+                         max_map_count=65530, memory_available_bytes=64 << 30, memory_source="test")
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_pinning_only_when_batches_go_to_cuda(cuda):
+    plan = plan_loader("auto", None, batch_size=16, batch_bytes=1 << 20, prefetch_factor=2, resources=resources(),
+                       cuda=cuda)
+    assert plan.pin_memory is cuda
+    assert plan.dataloader_kwargs()["pin_memory"] is cuda
+
+
+def flat(b: int = 2) -> FlatBatch:
+    return FlatBatch(images=torch.zeros(b, 3, 32, 32, dtype=torch.uint8), image_sizes=torch.full((b, 2), 32),
+                     boxes=torch.zeros(0, 4), labels=torch.zeros(0, dtype=torch.int64),
+                     box_counts=torch.zeros(b, dtype=torch.int64), image_ids=torch.arange(b),
+                     to_original=torch.ones(b, 3), sample_stats=torch.zeros(b, 5, dtype=torch.float64))
+
+
+def test_transfer_timer_falls_back_to_the_wall_clock_on_cpu():
+    timer = TransferTimer()
+    for _ in range(3):
+        with timer.timing(torch.device("cpu")):
+            moved = to_device(flat(), torch.device("cpu"))
+    assert isinstance(moved, FlatBatch) and moved.images.dtype == torch.uint8
+    summary = timer.summary()
+    assert summary["h2d_mean_ms"] is not None and summary["h2d_mean_ms"] >= 0
+    assert timer.summary() == {"h2d_mean_ms": None, "h2d_p95_ms": None}  # summary drains
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_batches_copy_non_blocking_and_are_timed_on_cuda():
+    batch = FlatBatch(*(t.pin_memory() for t in flat(4)[:8]))
+    assert batch.images.is_pinned()
+    timer = TransferTimer()
+    with timer.timing(torch.device("cuda")):
+        moved = to_device(batch, torch.device("cuda"))
+    assert moved.images.is_cuda and timer.summary()["h2d_mean_ms"] > 0
+
+
+def test_gpu_check_script_without_cuda_says_so_and_exits_0():
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA: run scripts/gpu_check.sh for real")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA device" in proc.stdout
