@@ -148,3 +148,17 @@ def test_mosaic_pad_share_matches_the_pixels():
         out = recipe(raws[0], rng, raws[1:])
         grey = np.all(out.image == 114, axis=2).mean()
         assert abs(grey - out.pad_share) < 1e-9, (grey, out.pad_share)
+
+
+# The default train stream on coco_tiny (mosaic, 640 px, batch 8, seed 0), first 4 batches,
+# hashed over content only (valid pixels, sizes, image ids, boxes, labels). Frozen so that a
+# refactor of the pipeline is proven not to change what the model sees; a deliberate change
+# of the recipe updates it in the same commit and says why.
+REFERENCE_DIGEST = "ffcf007198e3419c5d7782ad726d4a1f7afb3ba5709c2512e2cd2c7d56affb4b"
+
+
+def test_default_train_stream_matches_the_frozen_reference(coco_tiny, tmp_path):
+    _, s = run_train(["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "bench.batches=4", "bench.warmup=0",
+                      "bench.digest_batches=4", "bench.decode_probe=0"], tmp_path / "ref")
+    assert s["batch_size"] == 8 and s["digest_batches"] == 4
+    assert s["batch_digest"] == REFERENCE_DIGEST
