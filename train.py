@@ -3,13 +3,13 @@
 import hydra
 from omegaconf import DictConfig
 
-from cocodet.app import run
+from cocodet.cli import main, task
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    run(cfg)
+def train(cfg: DictConfig) -> None:
+    task(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    main(train)

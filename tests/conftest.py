@@ -54,3 +54,15 @@ def run_train(args: list[str], run_dir: Path, env: dict | None = None, timeout: 
 
 def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def run_in_process(overrides: list[str], run_dir: Path) -> dict:
+    """Compose the config as train.py would (Hydra's compose API) and run it in this process:
+    for wiring tests where a subprocess adds nothing but start-up time."""
+    from hydra import compose, initialize_config_dir
+
+    from cocodet.app import run
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, f"output_dir={run_dir}"])
+    return run(cfg)

@@ -14,7 +14,7 @@ from PIL import Image
 
 from cocodet.data.augment import build_recipe
 from cocodet.data.coco import BadSampleError, DatasetConfigError, build_index, decode_image, load_raw
-from cocodet.data.datamodule import CocoDataModule, Split
+from cocodet.data.datamodule import CocoDataModule
 from cocodet.data.dataset import DetectionDataset
 from cocodet.data.flat_batch import flatten
 
@@ -84,8 +84,8 @@ def test_bad_sample_raise_names_file_id_reason(kind, ds):
     image_id = data["images"][0]["id"]
     with pytest.raises((BadSampleError, ValueError)) as e:
         index = build_index(root / "images", write(root, data))
-        CocoDataModule(Split(str(root / "images"), str(root / "ann.json")),
-                       Split(str(root / "images"), str(root / "ann.json")), 64, 4, 0, augment="basic")
+        CocoDataModule(str(root), "images", "ann.json", "images", "ann.json", image_size=64,
+                       recipe=build_recipe("basic", 64), batch_size=4, seed=0, plan=None)
         DetectionDataset(index, build_recipe("basic", 64), 0, "raise")[0]
     text = str(e.value)
     assert reason in text and str(image_id) in text
@@ -96,12 +96,13 @@ def test_bad_sample_skip_accounts_for_every_sample(kind, ds, tmp_path):
     root, data = ds
     reason = corrupt(kind, root, data)
     ann = write(root, data)
-    dm = CocoDataModule(Split(str(root / "images"), str(ann)), Split(str(root / "images"), str(ann)), 64, 4, 0,
-                        augment="mosaic", on_bad_sample="skip", run_dir=str(tmp_path))
     from cocodet.loader.policy import plan_loader
     from cocodet.loader.resources import probe
 
-    dm.set_plan(plan_loader("explicit", 2, 4, 1 << 20, 2, probe(), cuda=False))
+    plan = plan_loader("explicit", 2, 4, 1 << 20, 2, probe(), cuda=False)
+    dm = CocoDataModule(str(root), "images", ann.name, "images", ann.name, image_size=64,
+                        recipe=build_recipe("mosaic", 64), batch_size=4, seed=0, plan=plan, on_bad_sample="skip",
+                        run_dir=str(tmp_path))
     for batch in dm.train_dataloader():  # real workers: records travel with the batches
         dm.record_batch(batch, "train", 0)
     stats = dm.bad_sample_summary()["train"]

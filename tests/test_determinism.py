@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import run_train
+from conftest import run_in_process, run_train
 from cocodet.data.augment import Mosaic, build_recipe
 from cocodet.data.flat_batch import update_digest
 
@@ -23,15 +23,15 @@ def bench_args(coco_tiny, *extra):
 def test_batch_digest_is_independent_of_workers_runs_and_policy(coco_tiny, tmp_path):
     digests = {}
     for workers in (0, 1, 2, 4):
-        _, s = run_train(bench_args(coco_tiny, "loader=explicit", f"loader.num_workers={workers}"), tmp_path / f"w{workers}")
+        s = run_in_process(bench_args(coco_tiny, "loader=explicit", f"loader.num_workers={workers}"), tmp_path / f"w{workers}")
         assert s["digest_batches"] == 20 and s["num_workers"] == workers
         digests[f"explicit{workers}"] = s["batch_digest"]
-    _, again = run_train(bench_args(coco_tiny, "loader=explicit", "loader.num_workers=2"), tmp_path / "again")
-    _, auto = run_train(bench_args(coco_tiny), tmp_path / "auto")
+    again = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.num_workers=2"), tmp_path / "again")
+    auto = run_in_process(bench_args(coco_tiny), tmp_path / "auto")
     assert auto["source"] == "auto"
     digests.update(again=again["batch_digest"], auto=auto["batch_digest"])
     assert len(set(digests.values())) == 1, digests
-    _, seeded = run_train(bench_args(coco_tiny, "seed=1"), tmp_path / "seed1")
+    seeded = run_in_process(bench_args(coco_tiny, "seed=1"), tmp_path / "seed1")
     assert seeded["batch_digest"] != auto["batch_digest"]
 
 

@@ -123,25 +123,24 @@ def test_table_names_every_cap():
     assert "cap shm" in table and "APPLIED" in table and "cap memory" in table
 
 
-def loader_cfg(**kw):
-    from omegaconf import OmegaConf
+def request(policy="auto", num_workers=None, overrides=(), environ=None):
+    from cocodet.loader.policy import worker_request
 
-    base = {"policy": "auto", "num_workers": None, "inherit_from": ["COCODET_NUM_WORKERS", "SLURM_CPUS_PER_TASK"]}
-    return OmegaConf.create({**base, **kw})
+    return worker_request(policy, num_workers, ["COCODET_NUM_WORKERS", "SLURM_CPUS_PER_TASK"], list(overrides),
+                          environ or {})
 
 
 def test_worker_request_sources():
-    from cocodet.app import worker_request
+    from cocodet.config import ConfigError
 
-    assert worker_request(loader_cfg(), [], {}) == ("auto", None)
+    assert request() == ("auto", None)
     # named on this run's command line -> explicit; arriving from a preset file -> inherited
-    assert worker_request(loader_cfg(num_workers=3), ["loader.num_workers=3"], {}) == ("explicit", 3)
-    assert worker_request(loader_cfg(num_workers=3), ["experiment=x"], {}) == ("inherited", 3)
-    assert worker_request(loader_cfg(policy="explicit", num_workers=5), [], {}) == ("explicit", 5)
-    env = {"SLURM_CPUS_PER_TASK": "16"}
-    assert worker_request(loader_cfg(policy="inherited"), [], env) == ("inherited", 16)
-    assert worker_request(loader_cfg(policy="inherited", num_workers=2), [], {}) == ("inherited", 2)
-    with pytest.raises(ValueError, match="SLURM_CPUS_PER_TASK"):
-        worker_request(loader_cfg(policy="inherited"), [], {})
-    with pytest.raises(ValueError, match="loader.num_workers=N"):
-        worker_request(loader_cfg(policy="explicit"), [], {})
+    assert request(num_workers=3, overrides=["loader.num_workers=3"]) == ("explicit", 3)
+    assert request(num_workers=3, overrides=["experiment=x"]) == ("inherited", 3)
+    assert request("explicit", 5) == ("explicit", 5)
+    assert request("inherited", environ={"SLURM_CPUS_PER_TASK": "16"}) == ("inherited", 16)
+    assert request("inherited", 2) == ("inherited", 2)
+    with pytest.raises(ConfigError, match="SLURM_CPUS_PER_TASK"):
+        request("inherited")
+    with pytest.raises(ConfigError, match="loader.num_workers=N"):
+        request("explicit")

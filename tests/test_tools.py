@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import cv2
 
-from conftest import REPO, run_train, synthetic_overrides
+from conftest import run_in_process, run_train, synthetic_overrides
 
 
 def test_verify_reports_problems_in_one_table(tmp_path, coco_tiny):
@@ -27,12 +25,10 @@ def test_verify_reports_problems_in_one_table(tmp_path, coco_tiny):
 
 
 def test_preview_pngs_exist_decode_and_are_not_blank(tmp_path, coco_tiny):
-    out = tmp_path / "previews"
-    cmd = [sys.executable, str(REPO / "scripts" / "preview_batches.py"), "--out", str(out), "--batches", "2",
-           "dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=256", "loader.batch_size=4"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    pngs = sorted(out.glob("*.png"))
+    _, s = run_train(["mode=preview", "preview.batches=2", "dataset=coco", f"dataset.root={coco_tiny}",
+                      "dataset.image_size=256", "loader.batch_size=4"], tmp_path / "run")
+    pngs = sorted((tmp_path / "run" / "previews").glob("*.png"))
+    assert [str(p) for p in pngs] == s["pngs"]
     assert len(pngs) == 2
     for png in pngs:
         image = cv2.imread(str(png))
@@ -50,7 +46,7 @@ def test_bench_with_the_model_consumer(tmp_path, synthetic_root):
 def test_weights_only_resume(tmp_path, synthetic_root):
     base = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
             "+trainer.limit_train_batches=1", "+trainer.limit_val_batches=1"]
-    _, first = run_train([*base, "trainer.max_epochs=1"], tmp_path / "a")
-    _, second = run_train([*base, "trainer.max_epochs=2", f"ckpt_path={first['last_ckpt']}", "weights_only=true"],
-                          tmp_path / "b")
+    first = run_in_process([*base, "trainer.max_epochs=1"], tmp_path / "a")
+    second = run_in_process([*base, "trainer.max_epochs=2", f"ckpt_path={first['last_ckpt']}", "weights_only=true"],
+                            tmp_path / "b")
     assert second["steps"] == 2

@@ -2,35 +2,40 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from conftest import run_train, synthetic_overrides
+from conftest import run_in_process, run_train, synthetic_overrides
 
 
-def test_fast_dev_run_synthetic(tmp_path, synthetic_root):
-    proc, s = run_train([*synthetic_overrides(synthetic_root), "debug=fast"], tmp_path / "run")
+def test_fast_dev_run_synthetic(tmp_path, synthetic_root, caplog):
+    caplog.set_level("INFO")
+    s = run_in_process([*synthetic_overrides(synthetic_root), "debug=fast"], tmp_path / "run")
     assert s["mode"] == "train" and s["steps"] == 1
     assert {"map", "map50", "map75", "best_map", "epochs", "steps", "wall_s", "last_ckpt", "plan"} <= set(s)
-    assert (tmp_path / "run" / "summary.json").is_file()
-    assert "COCOeval" in proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == json.loads(json.dumps(s, default=str))
+    assert "COCOeval" in caplog.text and "loader plan" in caplog.text
+    assert s["loader_wait"]["batches"] == 1 and "h2d_mean_ms" in s["loader_wait"]
 
 
 def test_fast_dev_run_coco_tiny(tmp_path, coco_tiny):
     args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=256", "loader.batch_size=4",
-            "debug=fast"]
-    _, s = run_train(args, tmp_path / "run")
+            "debug=fast", "callbacks=none", "logger=none"]
+    s = run_in_process(args, tmp_path / "run")
     assert s["steps"] == 1 and s["plan"]["batch_size"] == 4
+    assert s["last_ckpt"] is None and not (tmp_path / "run" / "csv").exists()  # the groups really are off
 
 
 def test_resume_continues_at_saved_step(tmp_path, synthetic_root):
     base = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
             "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=1"]
-    _, first = run_train([*base, "trainer.max_epochs=1"], tmp_path / "first")
+    first = run_in_process([*base, "trainer.max_epochs=1"], tmp_path / "first")
     assert first["steps"] == 2 and first["last_ckpt"]
     saved = torch.load(first["last_ckpt"], map_location="cpu", weights_only=False)
     assert saved["global_step"] == 2
-    _, second = run_train([*base, "trainer.max_epochs=2", f"ckpt_path={first['last_ckpt']}"], tmp_path / "second")
+    second = run_in_process([*base, "trainer.max_epochs=2", f"ckpt_path={first['last_ckpt']}"], tmp_path / "second")
     assert second["steps"] == 4 and second["epochs"] == 2  # continued from step 2, not from 0
 
 

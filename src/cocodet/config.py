@@ -68,6 +68,7 @@ RULES = (
     Rule("bench.producer", _one_of("dataset", "sleep", "spin"), "dataset, sleep or spin"),
     Rule("bench.work_ms", _number(0.0), "a number >= 0"),
     Rule("bench.decode_probe", _int(0), "an integer >= 0"),
+    Rule("model.optimizer.lr", _number(1e-12), "a learning rate > 0"),
     Rule("augment.flip_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.mosaic_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.translate", _number(0.0, 1.0), "a fraction of the image side in [0, 1]", optional=True),

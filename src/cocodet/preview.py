@@ -6,9 +6,9 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from hydra import compose, initialize_config_dir
 
 from cocodet.data.flat_batch import restore, unrestore_uint8
+
 
 def draw_batch(images, targets, names: list[str], columns: int = 4) -> np.ndarray:
     """One RGB grid image: each restored image with its boxes and class names."""
@@ -31,17 +31,11 @@ def draw_batch(images, targets, names: list[str], columns: int = 4) -> np.ndarra
     return grid
 
 
-def render_previews(out_dir: str | Path, overrides: list[str], conf_dir: str | Path, batches: int = 2,
-                    epoch: int = 0) -> list[Path]:
-    from cocodet.app import build_datamodule, build_plan
-    from cocodet.loader.resources import probe
-
+def render_previews(datamodule, out_dir: str | Path, batches: int = 2, epoch: int = 0) -> list[Path]:
+    """``mode=preview``: the first ``batches`` train batches of ``epoch`` as PNG grids, through
+    the configured datamodule (decode, augmentation, FlatBatch transport, restore)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    datamodule = build_datamodule(cfg, out_dir)
-    datamodule.set_plan(build_plan(cfg, probe(shm_path=str(cfg.loader.shm_path))))
     loader = datamodule.train_dataloader()
     loader.sampler.set_epoch(epoch)
     paths = []

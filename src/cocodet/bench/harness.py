@@ -8,7 +8,6 @@ where to look: it also falls when the work merely got slower.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from typing import Callable, Iterable
 import numpy as np
 import psutil
 import torch
+
+from cocodet.loader.resources import shm_space
 
 
 def _ms(x: float) -> float:
@@ -35,11 +36,8 @@ class PeakSampler:
         self._shm_base = self._shm_used()
 
     def _shm_used(self) -> int:
-        try:
-            st = os.statvfs(self.shm_path)
-        except OSError:
-            return 0
-        return (st.f_blocks - st.f_bfree) * st.f_frsize
+        total, free = shm_space(self.shm_path)
+        return 0 if total is None else total - free
 
     def sample(self) -> None:
         me = psutil.Process()

@@ -16,9 +16,9 @@ from cocodet.bench.transfer import TransferTimer, to_device
 from cocodet.data.coco import decode_image
 from cocodet.data.datamodule import CocoDataModule
 from cocodet.data.dataset import EpochSampler
-from cocodet.data.flat_batch import STATS_COLUMNS, FlatBatch, flatten, update_digest
+from cocodet.data.flat_batch import STATS_COLUMNS, FlatBatch, restore, update_digest
+from cocodet.loader.build import build_loader
 from cocodet.loader.policy import LoaderPlan
-from cocodet.loader.worker import worker_init_fn
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,7 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
         loader = datamodule.train_dataloader()
     else:
         dataset = CostDataset(producer_samples, producer, producer_ms, iters_per_ms)
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=plan.batch_size, sampler=EpochSampler(len(dataset), 0, False), collate_fn=flatten,
-            worker_init_fn=worker_init_fn, **plan.dataloader_kwargs())
+        loader = build_loader(dataset, EpochSampler(len(dataset), 0, False), plan.batch_size, plan)
     consume = make_consumer(consumer, work_ms, iters_per_ms, train_step)
     cuda = device.type == "cuda"
     timer = TransferTimer()
@@ -93,19 +91,22 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
     digested = 0
     skipped = 0
 
+    epoch = 0
+
     def on_batch(batch: FlatBatch) -> None:
         nonlocal stats_n, digested, skipped
         if digested < digest_batches:
             update_digest(digest, batch)
             digested += 1
-        stats_sum[:] += batch.sample_stats.sum(0).numpy()
+        stats_sum[:] += batch.sample_stats.sum(0).cpu().numpy()
         stats_n += batch.images.shape[0]
         skipped += sum(1 for r in batch.skipped if r["role"] == "sample")
+        if producer == "dataset":  # the same per-batch accounting as training (bad_samples.jsonl)
+            datamodule.record_batch(batch, "train", epoch)
 
     m = Measurement()
     per_epoch = []
     with PeakSampler(shm_path) as peaks:
-        epoch = 0
         while epoch < epochs or (batches is not None and len(m.waits) < warmup + batches):
             if hasattr(loader, "sampler"):
                 loader.sampler.set_epoch(epoch)
@@ -150,6 +151,32 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
             summary["augment_vs_decode"] = round(augment_ms / decode_ms, 3)
     summary.update({k: v for k, v in plan.summary().items() if k not in summary})
     return summary
+
+
+def model_step(module, device: torch.device, precision: str) -> Callable:
+    """The configured DetectorModule's own ``training_step`` and ``configure_optimizers``
+    (restore, forward, backward, optimizer step) on a batch already on ``device``, under the
+    run's mixed precision; without a Trainer, so the loader is what the bench measures."""
+    module = module.to(device)
+    module.train()
+    optimizers = module.configure_optimizers()
+    optimizer = optimizers["optimizer"] if isinstance(optimizers, dict) else optimizers
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    autocast = device.type == "cuda" and dtype is not None
+    scaler = torch.amp.GradScaler("cuda", enabled=autocast and dtype == torch.float16)
+    steps = 0
+
+    def step(batch: FlatBatch) -> None:
+        nonlocal steps
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=autocast):
+            loss = module.training_step(restore(batch), steps)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        steps += 1
+
+    return step
 
 
 def _preloaded(loader, device: torch.device, count: int) -> list:

@@ -21,6 +21,8 @@ import cv2
 import numpy as np
 from pycocotools.coco import COCO
 
+from cocodet.config import UserError
+
 log = logging.getLogger(__name__)
 
 # Decode in stored pixel order (COCO boxes are in that frame) and always as 3-channel BGR:
@@ -41,7 +43,7 @@ class BadSampleError(RuntimeError):
         return (BadSampleError, (self.path, self.image_id, self.reason))
 
 
-class DatasetConfigError(ValueError):
+class DatasetConfigError(UserError, ValueError):
     """The dataset cannot be used at all (missing files, malformed annotations)."""
 
 
@@ -57,11 +59,6 @@ def resolve_inside(root: Path, file_name: str) -> Path | None:
     if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
         return None
     return path
-
-
-def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def decode_image(data: bytes) -> np.ndarray:
@@ -120,12 +117,6 @@ class CocoIndex:
 
     def label_to_category(self, labels: np.ndarray) -> np.ndarray:
         return self.category_ids[np.asarray(labels, dtype=np.int64) - 1]
-
-    def category_to_label(self, category_ids: np.ndarray) -> np.ndarray:
-        pos = np.searchsorted(self.category_ids, category_ids)
-        if np.any(pos >= len(self.category_ids)) or np.any(self.category_ids[np.minimum(pos, len(self.category_ids) - 1)] != category_ids):
-            raise KeyError(f"unknown category ids {sorted(set(np.asarray(category_ids).tolist()) - set(self.category_ids.tolist()))}")
-        return pos + 1
 
 
 def load_coco_json(ann_file: Path) -> dict:
@@ -224,7 +215,8 @@ def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None) -> tup
         raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
     t0 = time.perf_counter()
     try:
-        data = read_bytes(path)
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
     t1 = time.perf_counter()

@@ -6,82 +6,88 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
 import torch
 
 from cocodet.bench.transfer import TransferTimer, to_device
-from cocodet.data.augment import build_recipe
-from cocodet.data.coco import CocoIndex, build_index
+from cocodet.data.augment import Letterbox, Recipe
+from cocodet.data.coco import CocoIndex, DatasetConfigError, build_index
 from cocodet.data.dataset import DetectionDataset, EpochSampler
-from cocodet.data.flat_batch import FlatBatch, flatten, restore
+from cocodet.data.flat_batch import FlatBatch, restore
+from cocodet.data.synthetic import ensure_synthetic
+from cocodet.data.verify import verify_datamodule
+from cocodet.loader.build import build_loader
 from cocodet.loader.policy import LoaderPlan
-from cocodet.loader.worker import worker_init_fn
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Split:
-    """Where one split lives on disk."""
-
-    images: str
-    ann_file: str
-
-
 class CocoDataModule(L.LightningDataModule):
-    """Train/val loaders over COCO-format data.
+    """Train/val loaders over COCO-format data, built for a loader plan decided beforehand.
 
     Batches travel as FlatBatch (8 tensors) and are restored on the destination device in
     ``on_after_batch_transfer``; bad samples replaced in a batch are counted per epoch and
     appended to ``<run_dir>/bad_samples.jsonl``.
+
+    Args:
+        root: dataset folder; the split folders and annotation files are relative to it.
+        train_images, train_ann, val_images, val_ann: the two splits.
+        image_size: letterboxed side (validation) and the train recipe's output side.
+        recipe: the train augmentation (validation is always letterbox only).
+        batch_size, val_batch_size: images per batch (val defaults to batch_size).
+        seed: the data stream's seed (DESIGN §5).
+        plan: the loader plan (worker count and settings) for this rank.
+        keep_empty: keep train images without objects as negatives.
+        on_bad_sample: "raise" or "skip" (replace deterministically and record).
+        verify: decode every image once at start and report problems (``verify.json``).
+        synthetic: ``{seed, n_train, n_val}`` to generate the synthetic dataset at root first.
+        run_dir: where ``bad_samples.jsonl`` and ``verify.json`` go.
     """
 
-    def __init__(self, train: Split, val: Split, image_size: int, batch_size: int, seed: int,
-                 augment: str = "mosaic", augment_params: dict | None = None, val_batch_size: int | None = None,
-                 keep_empty: bool = True, on_bad_sample: str = "raise", run_dir: str | None = None):
+    def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
+                 image_size: int, recipe: Recipe, batch_size: int, seed: int, plan: LoaderPlan,
+                 val_batch_size: int | None = None, keep_empty: bool = True, on_bad_sample: str = "raise",
+                 verify: bool = False, synthetic: dict | None = None, run_dir: str | None = None):
         super().__init__()
-        self.train_index: CocoIndex = build_index(train.images, train.ann_file, keep_empty=keep_empty)
-        self.val_index: CocoIndex = build_index(val.images, val.ann_file, keep_empty=True)
+        base = Path(root)
+        if synthetic:
+            ensure_synthetic(base, **synthetic)
+        elif not base.is_dir():
+            raise DatasetConfigError(f"dataset.root={root} not found (resolved to {base.resolve()}); point "
+                                     "dataset.root at a folder holding the split folders and annotations/")
+        self.train_index: CocoIndex = build_index(base / train_images, base / train_ann, keep_empty=keep_empty)
+        self.val_index: CocoIndex = build_index(base / val_images, base / val_ann, keep_empty=True)
         if list(self.train_index.category_ids) != list(self.val_index.category_ids):
-            raise ValueError(f"train and val category ids differ: {self.train_index.category_ids.tolist()} vs "
-                             f"{self.val_index.category_ids.tolist()}; both splits must share one category list")
+            raise DatasetConfigError(f"train and val category ids differ: {self.train_index.category_ids.tolist()} vs "
+                                     f"{self.val_index.category_ids.tolist()}; both splits must share one category list")
         if on_bad_sample == "raise":
             _refuse_index_problems(self.train_index)
             _refuse_index_problems(self.val_index)
-        self.val_ann_file = val.ann_file
-        self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
+        self.val_ann_file = str(base / val_ann)
+        self.image_size, self.batch_size, self.seed, self.plan = image_size, batch_size, seed, plan
         self.val_batch_size = val_batch_size or batch_size
-        self.train_set = DetectionDataset(self.train_index, build_recipe(augment, image_size, **(augment_params or {})),
-                                          seed, on_bad_sample)
-        self.val_set = DetectionDataset(self.val_index, build_recipe("none", image_size), seed, on_bad_sample)
+        self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample)
+        self.val_set = DetectionDataset(self.val_index, Letterbox(image_size), seed, on_bad_sample)
         self.run_dir = Path(run_dir) if run_dir else None
-        self.plan: LoaderPlan | None = None
         self.bad_counts: Counter = Counter()  # (stage, epoch) -> replaced primary samples
         self.seen_counts: Counter = Counter()
         self.transfer_timer = TransferTimer()  # train batches' host-to-device copies
         self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
         self._pin_checked = False
+        if verify:
+            verify_datamodule(self, self.run_dir or Path.cwd())
 
     @property
     def num_classes(self) -> int:
         return self.train_index.num_classes
 
-    def set_plan(self, plan: LoaderPlan) -> None:
-        self.plan = plan
-
     def _loader(self, dataset: DetectionDataset, batch_size: int, shuffle: bool) -> torch.utils.data.DataLoader:
-        if self.plan is None:
-            raise RuntimeError("CocoDataModule.set_plan(plan) must be called before the loaders are built")
         rank, world = 0, 1
         if self.trainer is not None:
             rank, world = self.trainer.global_rank, self.trainer.world_size
-        sampler = EpochSampler(len(dataset), self.seed, shuffle, rank, world)
-        return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=flatten,
-                                           worker_init_fn=worker_init_fn, drop_last=False,
-                                           **self.plan.dataloader_kwargs())
+        return build_loader(dataset, EpochSampler(len(dataset), self.seed, shuffle, rank, world), batch_size, self.plan)
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         return self._loader(self.train_set, self.batch_size, shuffle=True)
@@ -98,7 +104,7 @@ class CocoDataModule(L.LightningDataModule):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         if device.type == "cuda" and not self._pin_checked:
             self._pin_checked = True
-            if self.plan is not None and self.plan.pin_memory and not batch.images.is_pinned():
+            if self.plan.pin_memory and not batch.images.is_pinned():
                 log.warning("loader.pin_memory is on but batches arrive unpinned: copies to %s cannot overlap "
                             "compute. Check that nothing between the DataLoader and the Trainer copies them", device)
         if self.trainer is not None and not self.trainer.training:
@@ -140,5 +146,5 @@ def _refuse_index_problems(index: CocoIndex) -> None:
     bad = [(int(i), str(p)) for i, p in zip(index.image_ids, index.problems) if p]
     if bad:
         listing = "; ".join(f"image_id={i}: {p}" for i, p in bad[:5])
-        raise ValueError(f"{index.ann_file}: {len(bad)} images refused at start: {listing}. "
+        raise DatasetConfigError(f"{index.ann_file}: {len(bad)} images refused at start: {listing}. "
                          "Fix the file names, or set dataset.on_bad_sample=skip to skip them with a record")

@@ -140,7 +140,7 @@ def probe(shm_path: str = "/dev/shm", ranks_per_host: int = 1) -> HostResources:
     )
 
 
-def raise_nofile_limit() -> tuple[int, int]:
+def raise_nofile_limit() -> None:
     """Raise the soft RLIMIT_NOFILE to the hard limit (received shm segments each hold an fd)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
@@ -148,7 +148,33 @@ def raise_nofile_limit() -> tuple[int, int]:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             log.info("raised RLIMIT_NOFILE soft limit %d -> %d (hard %d)", soft, target, hard)
-            return soft, target
         except (ValueError, OSError) as e:
             log.warning("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, target, e)
-    return soft, soft
+
+
+def uses_cuda(accelerator: str) -> bool:
+    """Whether batches go to a CUDA device: a GPU accelerator (or auto) on a host that has one."""
+    import torch
+
+    return str(accelerator) in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+
+
+def local_ranks(devices, cuda: bool) -> int:
+    """Processes a run starts on this host (they share its CPUs and /dev/shm), from Lightning's
+    ``devices``: a count, a list of device ids, or -1/"auto" (every GPU, else one process)."""
+    if isinstance(devices, bool):
+        return 1
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if str(devices) in ("-1", "auto"):
+        if cuda:
+            import torch
+
+            return max(1, torch.cuda.device_count())
+        return 1
+    if isinstance(devices, str) and devices.isdigit():
+        return max(1, int(devices))
+    try:
+        return max(1, len(list(devices)))
+    except TypeError:
+        return 1

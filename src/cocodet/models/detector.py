@@ -19,7 +19,9 @@ class DetectorModule(L.LightningModule):
     """Trains a torchvision detector on restored batches ``(images, targets)``.
 
     Args:
-        model: a torchvision detection model (train mode returns losses, eval mode detections).
+        detector: a partial (Hydra ``_partial_: true``) of :func:`cocodet.models.zoo.build_detector`
+            taking ``num_classes`` and ``image_size``.
+        image_size: the letterboxed input side the detector is built for.
         optimizer: a partial taking the parameters (Hydra ``_partial_: true``).
         scheduler: optional partial taking the optimizer; ``total_steps``/``T_max`` are filled
             from the trainer when the scheduler takes them and the config left them out.
@@ -28,10 +30,10 @@ class DetectorModule(L.LightningModule):
         category_ids: original COCO category id of each contiguous label 1..K.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: partial, val_ann_file: str, category_ids: list[int],
-                 scheduler: partial | None = None, scheduler_interval: str = "step"):
+    def __init__(self, detector: partial, image_size: int, optimizer: partial, val_ann_file: str,
+                 category_ids: list[int], scheduler: partial | None = None, scheduler_interval: str = "step"):
         super().__init__()
-        self.model = model
+        self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.scheduler_interval = scheduler_interval
         self.val_ann_file = val_ann_file
@@ -49,9 +51,10 @@ class DetectorModule(L.LightningModule):
         images, targets = batch
         losses = self.model(images, targets)
         loss = sum(losses.values())
-        bs = len(images)
-        self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
+        if self._trainer is not None:  # the bench's model consumer steps without a Trainer
+            bs = len(images)
+            self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
+            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
         return loss
 
     def on_validation_epoch_start(self):
@@ -106,7 +109,7 @@ class DetectorModule(L.LightningModule):
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(params=[p for p in self.parameters() if p.requires_grad])
-        if self.scheduler_factory is None:
+        if self.scheduler_factory is None or self._trainer is None:  # no run length to size a schedule by
             return optimizer
         kwargs = {}
         func = getattr(self.scheduler_factory, "func", self.scheduler_factory)

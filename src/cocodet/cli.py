@@ -1,0 +1,58 @@
+"""The command-line contract of train.py: user errors end in one stderr line and exit status 2.
+
+Hydra prints its own errors over several lines and exits 1; errors raised inside a job are
+printed with a banner. Users (and scripts) need one line that names the key, value or path,
+and a status that tells a mistake from a crash. Unexpected errors keep their traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from omegaconf import DictConfig
+
+from cocodet.app import run
+
+
+def main(hydra_main) -> None:
+    """Run the ``@hydra.main`` entry so that Hydra's own user errors (an unknown option or key,
+    an unparsable override) end like ours: one stderr line, exit status 2 (see :func:`task`)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing and exiting 1
+    try:
+        hydra_main()
+    except (HydraException, OmegaConfBaseException) as e:
+        _exit_user_error(e)
+
+
+def task(cfg: DictConfig) -> dict:
+    """The job: :func:`run`, with user errors (a bad value, a missing path, malformed
+    annotations) reported in one line and exit status 2; unexpected errors keep their traceback."""
+    from hydra.errors import InstantiationException
+
+    from cocodet.config import UserError
+
+    try:
+        return run(cfg)
+    except UserError as e:
+        _exit_user_error(e)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, UserError):  # raised inside a constructor built from config
+            _exit_user_error(e.__cause__)
+        raise
+
+
+def _exit_user_error(error: BaseException) -> None:
+    sys.stderr.write(f"error: {_one_line(error)}\n")
+    sys.exit(2)
+
+
+def _one_line(error: BaseException) -> str:
+    """An error and its cause on one line (Hydra spreads its messages over several)."""
+    text = str(error).split("Config search path", 1)[0]
+    if error.__cause__ is not None and str(error.__cause__) not in text:
+        text += " " + str(error.__cause__)
+    return " ".join(text.replace("object_type=dict", "").split())

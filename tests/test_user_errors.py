@@ -1,0 +1,54 @@
+"""User errors end with one stderr line naming the key or path, and exit status 2; the entry
+point (train.py) is run in-process with the user's argv, so Hydra's own errors are covered too."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def run_entry(monkeypatch, tmp_path, *overrides: str) -> int:
+    """``python train.py mode=plan ...`` in this process; returns the exit status."""
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train.py"), "mode=plan", *overrides, f"hydra.run.dir={tmp_path}"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO / "train.py"), run_name="__main__")
+    return e.value.code
+
+
+@pytest.mark.parametrize("override, named", [
+    ("loader.batch_size=-3", "loader.batch_size=-3"),
+    ("loader.batch_size=abc", "loader.batch_size='abc'"),
+    ("dataset.image_size=0", "dataset.image_size=0"),
+    ("loader.prefetch_factor=0", "loader.prefetch_factor=0"),
+    ("mode=fit", "mode='fit'"),
+    ("loader.no_such_key=1", "loader.no_such_key"),
+    ("augment=fancy", "augment/fancy"),
+    ("model.optimizer.lr=abc", "model.optimizer.lr"),
+])
+def test_bad_value_or_option_exits_2_with_one_line(monkeypatch, tmp_path, capsys, override, named):
+    assert run_entry(monkeypatch, tmp_path, override) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0], err
+    assert "Traceback" not in err[0]
+
+
+def test_missing_dataset_root_exits_2_naming_the_path(monkeypatch, tmp_path, capsys):
+    missing = tmp_path / "nonexistent"
+    assert run_entry(monkeypatch, tmp_path, "dataset=coco", f"dataset.root={missing}") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(missing) in err[0], err
+
+
+def test_malformed_annotations_exit_2_naming_the_file(monkeypatch, tmp_path, capsys):
+    root = tmp_path / "ds"
+    (root / "annotations").mkdir(parents=True)
+    for split in ("train2017", "val2017"):
+        (root / split).mkdir()
+        (root / "annotations" / f"instances_{split}.json").write_text('{"hello": "world"}')
+    assert run_entry(monkeypatch, tmp_path, "dataset=coco", f"dataset.root={root}") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "instances_train2017.json" in err[0] and "not COCO instances format" in err[0], err
