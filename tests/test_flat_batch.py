@@ -21,6 +21,7 @@ def make_sample(rng: np.random.Generator, h: int, w: int, n_boxes: int, image_id
         "boxes": boxes.astype(np.float32).reshape(-1, 4),
         "labels": rng.integers(1, 80, n_boxes).astype(np.int64),
         "image_id": image_id,
+        "key": (0, image_id),
         "to_original": np.array([h * 2, w * 2, 0.5], np.float32),
         "stage_seconds": np.zeros(3),
         "pad_share": 0.0,

@@ -75,6 +75,17 @@ def build_trainer(cfg: DictConfig, run_dir: Path):
     return L.Trainer(**args, default_root_dir=str(run_dir), callbacks=callbacks, logger=loggers)
 
 
+def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
+    """``ckpt_path``: a file, or ``last`` for the newest checkpoint of this run dir (else of the newest run)."""
+    from cocodet.models.preemption import find_last_checkpoint
+
+    if cfg.get("ckpt_path") != "last":
+        return cfg.get("ckpt_path")
+    path = find_last_checkpoint(run_dir, Path("outputs"))
+    log.info("ckpt_path=last: resuming %s", path)
+    return str(path)
+
+
 def write_summary(run_dir: Path, summary: dict) -> None:
     """summary.json in the run dir, and the same object as the last line on stdout (DESIGN §2)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +118,7 @@ def run(cfg: DictConfig) -> dict:
 
         seed_model_init(int(cfg.seed))
         module = build_module(cfg, datamodule)
-        summary = fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=cfg.get("ckpt_path"),
+        summary = fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=resume_path(cfg, run_dir),
                       weights_only=bool(cfg.get("weights_only")), shm_path=str(cfg.loader.shm_path))
     write_summary(run_dir, summary)
     return summary

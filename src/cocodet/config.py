@@ -61,6 +61,7 @@ RULES = (
     Rule("loader.prefetch_factor", _int(1), "an integer >= 1"),
     Rule("loader.pin_memory", _one_of("auto", True, False), "auto, true or false"),
     Rule("loader.worker_footprint_mb", _int(1), "an integer >= 1 (MiB), or null for the estimate", optional=True),
+    Rule("checkpoint.every_n_steps", _int(0), "an integer >= 0 (0: checkpoints at epoch ends only)"),
     Rule("bench.batches", _int(1), "an integer >= 1, or null for whole epochs", optional=True),
     Rule("bench.warmup", _int(0), "an integer >= 0"),
     Rule("bench.epochs", _int(1), "an integer >= 1"),

@@ -28,6 +28,11 @@ class LoaderTimingCallback(L.Callback):
         self._last_end = self._batch_start = 0.0
         self._first = True
 
+    def on_train_start(self, trainer, pl_module):
+        # A run resumed mid-epoch starts without on_train_epoch_start for that epoch.
+        self._m, self._first = Measurement(), True
+        self._last_end = time.perf_counter()
+
     def on_train_epoch_start(self, trainer, pl_module):
         self._m, self._first = Measurement(), True
         self._last_end = time.perf_counter()

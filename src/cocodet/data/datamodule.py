@@ -15,10 +15,10 @@ from cocodet.bench.transfer import TransferTimer, to_device
 from cocodet.data.augment import Letterbox, Recipe
 from cocodet.data.coco import CocoIndex, DatasetConfigError, build_index
 from cocodet.data.dataset import DetectionDataset, EpochSampler
-from cocodet.data.flat_batch import FlatBatch, restore
+from cocodet.data.flat_batch import FlatBatch, chain_stream_digest, restore
 from cocodet.data.synthetic import ensure_synthetic
 from cocodet.data.verify import verify_datamodule
-from cocodet.loader.build import build_loader
+from cocodet.loader.build import StreamPosition, build_loader
 from cocodet.loader.policy import LoaderPlan
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,11 @@ class CocoDataModule(L.LightningDataModule):
         self.transfer_timer = TransferTimer()  # train batches' host-to-device copies
         self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
         self._pin_checked = False
+        # Position in the train stream and the digest of all it consumed (DESIGN §5): saved in
+        # every checkpoint, so a resumed run continues with exactly the remaining batches.
+        self.position: StreamPosition | None = None
+        self.stream_digest = ""
+        self._resume_pending = False
         if verify:
             verify_datamodule(self, self.run_dir or Path.cwd())
 
@@ -83,17 +88,42 @@ class CocoDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return self.train_index.num_classes
 
-    def _loader(self, dataset: DetectionDataset, batch_size: int, shuffle: bool) -> torch.utils.data.DataLoader:
+    def _sampler(self, dataset: DetectionDataset, shuffle: bool) -> EpochSampler:
         rank, world = 0, 1
         if self.trainer is not None:
             rank, world = self.trainer.global_rank, self.trainer.world_size
-        return build_loader(dataset, EpochSampler(len(dataset), self.seed, shuffle, rank, world), batch_size, self.plan)
+        return EpochSampler(len(dataset), self.seed, shuffle, rank, world)
+
+    def state_dict(self) -> dict:
+        """Where the train stream stands and the digest of what it delivered, for checkpoints."""
+        return {"stream_digest": self.stream_digest,
+                "position": self.position.state_dict() if self.position is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Called by Lightning while restoring a checkpoint, before the train loader is built."""
+        self.stream_digest = state.get("stream_digest", "")
+        if state.get("position"):
+            self.position = self._new_position()
+            self.position.load_state_dict(state["position"])
+            self._resume_pending = True
+
+    def _new_position(self) -> StreamPosition:
+        return StreamPosition(self.batch_size, self.seed, self.trainer.world_size if self.trainer is not None else 1)
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._loader(self.train_set, self.batch_size, shuffle=True)
+        if self.position is None:
+            self.position = self._new_position()
+        sampler = self._sampler(self.train_set, shuffle=True)
+        if self._resume_pending:
+            # The iterator of the resumed epoch is created before Lightning calls set_epoch:
+            # the sampler must already stand in the saved epoch, past what was consumed.
+            sampler.set_epoch(self.position.epoch)
+            sampler.resume_at(self.position.epoch, self.position.batches * self.batch_size)
+            self._resume_pending = False
+        return build_loader(self.train_set, sampler, self.batch_size, self.plan, position=self.position)
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._loader(self.val_set, self.val_batch_size, shuffle=False)
+        return build_loader(self.val_set, self._sampler(self.val_set, shuffle=False), self.val_batch_size, self.plan)
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         self.fetched_at = time.perf_counter()
@@ -116,8 +146,17 @@ class CocoDataModule(L.LightningDataModule):
         if not isinstance(batch, FlatBatch):
             return batch
         training = self.trainer is None or self.trainer.training
-        self.record_batch(batch, "train" if training else "val", self.trainer.current_epoch if self.trainer else 0)
+        epoch = self.trainer.current_epoch if self.trainer else 0
+        self.record_batch(batch, "train" if training else "val", epoch)
+        if training:
+            self.consume(batch, epoch)
         return restore(batch)
+
+    def consume(self, batch: FlatBatch, epoch: int) -> None:
+        """Advance the train stream's position and digest by one batch (the model's input)."""
+        if self.position is not None:
+            self.position.advance(epoch)
+        self.stream_digest = chain_stream_digest(self.stream_digest, batch)
 
     def record_batch(self, batch: FlatBatch, stage: str, epoch: int) -> None:
         """Count seen/replaced samples; append replaced ones to bad_samples.jsonl."""

@@ -21,7 +21,8 @@ MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not
 
 
 class DetectionDataset(torch.utils.data.Dataset):
-    """Samples are dicts: image (HxWx3 uint8 RGB), boxes [n,4] xyxy, labels [n], image_id,
+    """Samples are dicts: image (HxWx3 uint8 RGB), boxes [n,4] xyxy, labels [n], key (epoch, i:
+    the sampler's key), image_id (of the image used: a skipped sample's replacement differs),
     to_original (orig_h, orig_w, scale: output pixel / scale = stored pixel), stage_seconds
     (read, decode, augment), pad_share (fraction of output pixels no source image covers),
     skipped (records of bad samples replaced while producing this one)."""
@@ -75,6 +76,7 @@ class DetectionDataset(torch.utils.data.Dataset):
             "image": out.image,
             "boxes": out.boxes,
             "labels": out.labels,
+            "key": (epoch, i),
             "image_id": int(self.index.image_ids[k]),
             "to_original": np.array([h, w, out.scale], dtype=np.float32),
             "stage_seconds": stage_seconds,
@@ -88,15 +90,21 @@ class EpochSampler(torch.utils.data.Sampler):
 
     Shards by rank for DDP (contiguous padding like DistributedSampler), so the stream of a
     rank depends only on (seed, epoch, rank, world size) — never on the worker count.
-    Lightning calls ``set_epoch`` before each epoch.
+    Lightning calls ``set_epoch`` before each epoch. ``resume_at(epoch, n)`` makes the next
+    pass over that epoch start after its first n keys (exact mid-epoch resume); the length
+    stays the whole epoch's, as Lightning counts the batches already done itself.
     """
 
     def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1):
         self.size, self.seed, self.shuffle = size, seed, shuffle
         self.rank, self.world_size, self.epoch = rank, world_size, 0
+        self._resume: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def resume_at(self, epoch: int, keys_done: int) -> None:
+        self._resume = (epoch, keys_done)
 
     def __len__(self) -> int:
         return -(-self.size // self.world_size)
@@ -108,5 +116,9 @@ class EpochSampler(torch.utils.data.Sampler):
             order = np.arange(self.size)
         per_rank = len(self)
         order = np.resize(order, per_rank * self.world_size)  # pad by wrapping, as DistributedSampler
-        for i in order[self.rank::self.world_size]:
+        mine = order[self.rank::self.world_size]
+        if self._resume is not None and self._resume[0] == self.epoch:
+            mine = mine[self._resume[1]:]
+            self._resume = None
+        for i in mine:
             yield (self.epoch, int(i))

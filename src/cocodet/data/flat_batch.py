@@ -10,7 +10,7 @@ Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
     boxes        [N, 4] float32       — xyxy, all images concatenated
     labels       [N] int64
     box_counts   [B] int64            — boxes of image b are the slice after sum(box_counts[:b])
-    image_ids    [B] int64
+    sample_keys  [B, 3] int64         — (epoch, index, image_id): the sampler's key and the image it gave
     to_original  [B, 3] float32       — (orig_h, orig_w, scale): output pixel / scale = stored pixel
     sample_stats [B, 5] float64       — STATS_COLUMNS: read, decode, augment, collate seconds and the
                                         pad share (measurement, DESIGN §6; never reaches the model)
@@ -36,7 +36,7 @@ class FlatBatch(NamedTuple):
     boxes: torch.Tensor
     labels: torch.Tensor
     box_counts: torch.Tensor
-    image_ids: torch.Tensor
+    sample_keys: torch.Tensor
     to_original: torch.Tensor
     sample_stats: torch.Tensor
     skipped: tuple = ()
@@ -92,7 +92,8 @@ def flatten(samples: list[dict]) -> FlatBatch:
         boxes=_from_numpy(boxes, torch.float32),
         labels=_from_numpy(labels, torch.int64),
         box_counts=_from_numpy(np.array(counts, np.int64), torch.int64),
-        image_ids=_from_numpy(np.array([s["image_id"] for s in samples], np.int64), torch.int64),
+        sample_keys=_from_numpy(np.array([(*s["key"], s["image_id"]) for s in samples], np.int64).reshape(b, 3),
+                                torch.int64),
         to_original=_from_numpy(np.stack([s["to_original"] for s in samples]).astype(np.float32), torch.float32),
         sample_stats=_from_numpy(stats, torch.float64),
         skipped=tuple(r for s in samples for r in s["skipped"]),
@@ -113,7 +114,7 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
     labels = torch.split(flat.labels, counts)
     out_images = [images[k, :, :h, :w] for k, (h, w) in enumerate(sizes)]
     targets = [
-        {"boxes": boxes[k], "labels": labels[k], "image_id": flat.image_ids[k], "to_original": flat.to_original[k]}
+        {"boxes": boxes[k], "labels": labels[k], "image_id": flat.sample_keys[k, 2], "to_original": flat.to_original[k]}
         for k in range(len(sizes))
     ]
     return out_images, targets
@@ -141,7 +142,20 @@ def update_digest(h: "hashlib._Hash", flat: FlatBatch) -> None:
     boxes = torch.split(flat.boxes.detach().cpu().float(), counts)
     labels = torch.split(flat.labels.cpu(), counts)
     for k, (height, width) in enumerate(sizes):
-        h.update(np.array([height, width, int(flat.image_ids[k]), counts[k]], np.int64).tobytes())
+        h.update(np.array([height, width, int(flat.sample_keys[k, 2]), counts[k]], np.int64).tobytes())
         h.update(images[k, :, :height, :width].contiguous().numpy().tobytes())
         h.update(boxes[k].contiguous().numpy().tobytes())
         h.update(labels[k].contiguous().numpy().astype(np.int64).tobytes())
+
+
+def chain_stream_digest(previous: str, flat: FlatBatch) -> str:
+    """The next link of a training stream's digest: SHA-256 over the previous hex digest and
+    this batch's (epoch, index) keys, image ids, boxes and labels, in order.
+
+    A chain (rather than one running hash) so that its state is a short string a checkpoint
+    can carry: the value after a resume covers the batches of both parts.
+    """
+    h = hashlib.sha256(previous.encode())
+    for t in (flat.sample_keys, flat.box_counts, flat.boxes, flat.labels):
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
+from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cocodet.bench.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.policy import LoaderPlan
+from cocodet.models.preemption import PreemptionCheckpoint
+
+log = logging.getLogger(__name__)
 
 HEADLINE = ("map", "map50", "map75", "map_small", "map_medium", "map_large")
 
@@ -24,24 +31,47 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         ckpt_path: str | None, weights_only: bool, shm_path: str) -> dict:
     """Train, validating as configured; return the training summary."""
     started = time.perf_counter()
+    status = "completed"
     with explained_loader_failures(plan, shm_path=shm_path):
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path,
-                    weights_only=weights_only if ckpt_path else None)
-    checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path,
+                        weights_only=weights_only if ckpt_path else None)
+        except SIGTERMException:
+            status = "preempted"
+    checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    best_checkpoint = next((c for c in checkpoints if c.monitor), None)
+    last_checkpoint = next((c for c in checkpoints if not c.monitor), None)
+    preemption = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
+    if status == "preempted":
+        saved = preemption.saved_path if preemption else None
+        log.warning("preempted at step %d (epoch %d); %s", trainer.global_step, trainer.current_epoch,
+                    f"saved {saved}" if saved else "no checkpoint was written (no PreemptionCheckpoint callback)")
+        sys.stderr.write(f"preempted at step {trainer.global_step}: resume with the same command plus "
+                         f"ckpt_path=last hydra.run.dir={Path(trainer.default_root_dir).resolve()}\n")
     timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
     metrics = module.last_metrics or {}
-    best = checkpoint.best_model_score if checkpoint else None
+    best = best_checkpoint.best_model_score if best_checkpoint else None
     return {
         "mode": "train",
+        "status": status,
         **{k: round(float(metrics.get(k, 0.0)), 4) for k in HEADLINE},
         "best_map": round(float(best), 4) if best is not None else None,
         "epochs": int(trainer.current_epoch),
         "steps": int(trainer.global_step),
         "wall_s": round(time.perf_counter() - started, 1),
-        "last_ckpt": (checkpoint.last_model_path or None) if checkpoint else None,
-        "best_ckpt": (checkpoint.best_model_path or None) if checkpoint else None,
+        "last_ckpt": _last_checkpoint(last_checkpoint, preemption),
+        "best_ckpt": (best_checkpoint.best_model_path or None) if best_checkpoint else None,
         "loader_wait": timing.summary() if timing else {},
         "bad_samples": datamodule.bad_sample_summary(),
+        "stream_digest": datamodule.stream_digest,
+        "stream_position": datamodule.position.state_dict() if datamodule.position else None,
         "precision": str(trainer.precision),
         "plan": plan.summary(),
     }
+
+
+def _last_checkpoint(last: ModelCheckpoint | None, preemption: PreemptionCheckpoint | None) -> str | None:
+    """The newest state this run wrote: the preemption/step checkpoint or the epoch-end one."""
+    paths = [p for p in ((last.best_model_path if last else None), preemption.saved_path if preemption else None) if p]
+    existing = [p for p in paths if Path(p).is_file()]
+    return max(existing, key=lambda p: Path(p).stat().st_mtime) if existing else None

@@ -1,0 +1,78 @@
+"""Preemption: on SIGTERM (spot hosts, SLURM), save a mid-epoch checkpoint at the next batch
+boundary, then let Lightning end the run; and ``ckpt_path=last`` to find it again.
+
+Lightning's own SIGTERM notifier sets ``trainer.received_sigterm`` and raises
+``SIGTERMException`` after the current batch's hooks; this callback writes the checkpoint in
+that window (``on_train_batch_end``), so nothing trained is lost and the datamodule's
+position (DESIGN §5) makes the resumed run consume exactly the remaining batches. SLURM's
+requeue signal goes through Lightning's SLURM environment (``auto_requeue``), which saves
+its own ``hpc_ckpt_*.ckpt`` in the run directory; ``ckpt_path=last`` finds those too.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+
+from cocodet.config import UserError
+
+log = logging.getLogger(__name__)
+
+
+class PreemptionCheckpoint(L.Callback):
+    """Writes ``<dirpath>/resume.ckpt`` when the process received SIGTERM, and every
+    ``every_n_steps`` training steps (0: only on SIGTERM), so a hard kill loses at most that
+    many. Writes are atomic: Lightning saves through an fsspec transaction (a temporary file
+    renamed into place), so a kill during a save leaves the previous file whole.
+
+    A file of its own, apart from ModelCheckpoint's ``last.ckpt``: two callbacks writing one
+    name make Lightning version the second (``last-v1.ckpt``).
+    """
+
+    FILENAME = "resume.ckpt"
+
+    def __init__(self, dirpath: str, every_n_steps: int = 0):
+        self.dirpath, self.every_n_steps = Path(dirpath), int(every_n_steps)
+        self.saved_path: str | None = None
+        self.preempted = False
+
+    def _save(self, trainer: L.Trainer) -> None:
+        path = self.dirpath / self.FILENAME
+        trainer.save_checkpoint(path)
+        self.saved_path = str(path)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.received_sigterm:
+            self._save_on_sigterm(trainer)
+        elif self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
+            self._save(trainer)
+
+    def on_exception(self, trainer, pl_module, exception):
+        if trainer.received_sigterm:  # during validation, or after this hook in the batch: the position is exact
+            self._save_on_sigterm(trainer)
+
+    def _save_on_sigterm(self, trainer: L.Trainer) -> None:
+        if not self.preempted:
+            self.preempted = True
+            self._save(trainer)
+            log.warning("SIGTERM: saved %s at step %d (epoch %d)", self.saved_path, trainer.global_step,
+                        trainer.current_epoch)
+
+
+def find_last_checkpoint(run_dir: Path, outputs_root: Path) -> Path:
+    """``ckpt_path=last``: the newest checkpoint in ``run_dir`` (a requeued job passing the
+    same ``hydra.run.dir``), else in the newest run under ``outputs_root`` that has one."""
+    def newest(folder: Path) -> Path | None:
+        found = [p for p in folder.glob("checkpoints/*.ckpt")] + list(folder.glob("hpc_ckpt_*.ckpt"))
+        return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+    here = newest(run_dir) if run_dir.is_dir() else None
+    if here is not None:
+        return here
+    candidates = [c for c in (newest(d.parent.parent) for d in outputs_root.glob("**/checkpoints/last.ckpt")) if c]
+    if not candidates:
+        raise UserError(f"ckpt_path=last found no checkpoint in {run_dir} nor in any run under {outputs_root}; "
+                        "pass hydra.run.dir=<the interrupted run's folder> or ckpt_path=<file>")
+    return max(candidates, key=lambda p: p.stat().st_mtime)

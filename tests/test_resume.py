@@ -1,0 +1,114 @@
+"""Exact mid-epoch resume and preemption, with real processes and real signals (DESIGN §5)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_train
+from cocodet.loader.build import ResumeError, StreamPosition
+from cocodet.models.preemption import find_last_checkpoint
+
+STEPS_PER_EPOCH = 10  # coco_tiny: 80 train images, batch 8
+
+
+def args(coco_tiny: Path, *extra: str) -> list[str]:
+    return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8",
+            "trainer.max_epochs=3", "+trainer.limit_val_batches=2", "+trainer.deterministic=true",
+            "trainer.enable_progress_bar=false", *extra]
+
+
+def signal_at(step: int, name: str) -> list[str]:
+    return ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", f"+callbacks.signal_at.step={step}",
+            f"+callbacks.signal_at.signal_name={name}"]
+
+
+ENV = {"PYTHONPATH": str(REPO / "tests")}
+
+
+def weights(ckpt: str) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(coco_tiny, tmp_path_factory) -> dict:
+    _, s = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=2"),
+                     tmp_path_factory.mktemp("uninterrupted") / "run", timeout=900)
+    assert s["status"] == "completed" and s["steps"] == 3 * STEPS_PER_EPOCH
+    return s
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_then_resume_at_other_workers_is_exact(coco_tiny, tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    proc, first = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=2", *signal_at(15, "SIGTERM")),
+                            run_dir, env=ENV, timeout=900)
+    assert first["status"] == "preempted" and first["steps"] == 15  # mid-epoch 1
+    assert first["stream_position"]["epoch"] == 1 and first["stream_position"]["batches"] == 5
+    assert "ckpt_path=last" in proc.stderr and str(run_dir) in proc.stderr
+    _, second = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=0", "ckpt_path=last"), run_dir,
+                          timeout=900)
+    assert second["status"] == "completed" and second["steps"] == 3 * STEPS_PER_EPOCH
+    assert second["stream_digest"] == uninterrupted["stream_digest"]
+    resumed, reference = weights(second["last_ckpt"]), weights(uninterrupted["last_ckpt"])
+    assert resumed.keys() == reference.keys()
+    different = [k for k in reference if not torch.equal(resumed[k], reference[k])]
+    assert not different, f"weights differ after an exact resume: {different[:5]}"
+
+
+@pytest.mark.slow
+def test_sigkill_loses_at_most_every_n_steps_and_repeats_nothing(coco_tiny, tmp_path, uninterrupted):
+    kill_step = random.Random(7).randint(6, 28)
+    run_dir = tmp_path / "run"
+    proc, _ = run_train(args(coco_tiny, "checkpoint.every_n_steps=5", *signal_at(kill_step, "SIGKILL")), run_dir,
+                        env=ENV, check=False, timeout=900)
+    assert proc.returncode == -9
+    saved = torch.load(find_last_checkpoint(run_dir, run_dir), map_location="cpu", weights_only=False)
+    assert kill_step - 5 <= saved["global_step"] <= kill_step
+    _, resumed = run_train(args(coco_tiny, "checkpoint.every_n_steps=5", "ckpt_path=last"), run_dir, timeout=900)
+    assert resumed["steps"] == 3 * STEPS_PER_EPOCH
+    assert resumed["stream_digest"] == uninterrupted["stream_digest"]  # no batch repeated or skipped
+
+
+@pytest.mark.slow
+def test_resume_with_another_rank_count_is_refused(coco_tiny, tmp_path, uninterrupted):
+    ckpt = torch.load(uninterrupted["last_ckpt"], map_location="cpu", weights_only=False)
+    ckpt["CocoDataModule"]["position"]["world_size"] = 2  # as if 2 ranks wrote it
+    edited = tmp_path / "two_ranks.ckpt"
+    torch.save(ckpt, edited)
+    proc, _ = run_train(args(coco_tiny, "trainer.max_epochs=4", f"ckpt_path={edited}"), tmp_path / "run", check=False)
+    assert proc.returncode == 2
+    assert "2 rank(s) and this run has 1" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_stream_position_refuses_what_cannot_continue_exactly():
+    position = StreamPosition(batch_size=8, seed=0, world_size=1)
+    state = {"epoch": 1, "batches": 5, "batch_size": 8, "seed": 0, "world_size": 4}
+    with pytest.raises(ResumeError, match="4 rank\\(s\\) and this run has 1"):
+        position.load_state_dict(state)
+    with pytest.raises(ResumeError, match="loader.batch_size is 16 and this run's is 8"):
+        position.load_state_dict({**state, "world_size": 1, "batch_size": 16})
+    position.load_state_dict({**state, "world_size": 1})
+    assert (position.epoch, position.batches) == (1, 5)
+    position.advance(1)
+    position.advance(2)
+    assert (position.epoch, position.batches) == (2, 1)
+
+
+def test_ckpt_path_last_prefers_the_given_run_dir_then_the_newest_run(tmp_path):
+    outputs = tmp_path / "outputs"
+    old, new, here = outputs / "a", outputs / "b", tmp_path / "requeued"
+    for i, run in enumerate((old, new)):
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
+        os.utime(run / "checkpoints" / "last.ckpt", (1000 + i, 1000 + i))
+    assert find_last_checkpoint(here, outputs) == new / "checkpoints" / "last.ckpt"
+    (here / "checkpoints").mkdir(parents=True)
+    (here / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert find_last_checkpoint(here, outputs) == here / "checkpoints" / "last.ckpt"
+    with pytest.raises(Exception, match="found no checkpoint"):
+        find_last_checkpoint(tmp_path / "none", tmp_path / "empty")
