@@ -55,3 +55,10 @@ def test_default_training_reaches_map50(tmp_path):
     _, s = run_train([f"dataset.root={tmp_path / 'synthetic'}"], tmp_path / "run", timeout=1800)
     assert s["map50"] >= 0.25, s
     assert s["epochs"] == 6 and s["best_map"] is not None
+
+
+def test_eval_max_images_limits_what_cocoeval_sees(tmp_path, synthetic_root, caplog):
+    caplog.set_level("INFO")
+    run_in_process([*synthetic_overrides(synthetic_root), "debug=fast", "model.eval_max_images=3", "callbacks=none",
+                    "logger=none"], tmp_path / "run")
+    assert "COCOeval (epoch 0, 3 images" in caplog.text

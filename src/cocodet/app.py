@@ -30,7 +30,7 @@ def cli_overrides() -> list[str]:
 
 def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
     """Probe the host, then plan the workers for this rank (DESIGN §3)."""
-    from cocodet.data.flat_batch import batch_bytes
+    from cocodet.data.flat_layout import batch_bytes
 
     loader, cuda = cfg.loader, uses_cuda(cfg.trainer.get("accelerator", "auto"))
     ranks = local_ranks(cfg.trainer.get("devices", 1), cuda)
@@ -101,27 +101,42 @@ def run(cfg: DictConfig) -> dict:
     run_dir = Path(cfg.output_dir)
     raise_nofile_limit()
     plan, resources = build_plan(cfg)
-    datamodule = build_datamodule(cfg, plan, run_dir)
     if cfg.mode == "plan":
-        log.info("host preflight:\n%s", resources.table())
-        summary = {"mode": "plan", **plan.summary(), "host": resources.as_dict()}
+        summary = preflight(cfg, plan, resources, run_dir)
     elif cfg.mode == "preview":
         from cocodet.preview import render_previews
 
+        datamodule = build_datamodule(cfg, plan, run_dir)
         paths = render_previews(datamodule, run_dir / "previews", batches=int(cfg.preview.batches),
                                 epoch=int(cfg.preview.epoch))
         summary = {"mode": "preview", "pngs": [str(p) for p in paths], **plan.summary()}
     elif cfg.mode == "bench":
-        summary = bench(cfg, datamodule, plan)
+        summary = bench(cfg, build_datamodule(cfg, plan, run_dir), plan)
     else:
         from cocodet.models.fit import fit, seed_model_init
 
+        datamodule = build_datamodule(cfg, plan, run_dir)
         seed_model_init(int(cfg.seed))
         module = build_module(cfg, datamodule)
         summary = fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=resume_path(cfg, run_dir),
                       weights_only=bool(cfg.get("weights_only")), shm_path=str(cfg.loader.shm_path))
     write_summary(run_dir, summary)
     return summary
+
+
+def preflight(cfg: DictConfig, plan: LoaderPlan, resources: HostResources, run_dir: Path) -> dict:
+    """mode=plan: the dataset's indexes (and a full scan with dataset.verify), the host, the plan;
+    no torch, no Lightning, so it answers in about a second."""
+    from cocodet.data.splits import load_splits
+
+    train, val = load_splits(**OmegaConf.to_container(cfg.dataset, resolve=True))
+    if cfg.dataset.verify:
+        from cocodet.data.verify import verify_indexes
+
+        verify_indexes(train, val, run_dir)
+    log.info("host preflight:\n%s", resources.table())
+    return {"mode": "plan", **plan.summary(), "host": resources.as_dict(), "train_images": len(train),
+            "val_images": len(val)}
 
 
 def bench(cfg: DictConfig, datamodule, plan: LoaderPlan) -> dict:

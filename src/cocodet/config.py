@@ -70,6 +70,7 @@ RULES = (
     Rule("bench.work_ms", _number(0.0), "a number >= 0"),
     Rule("bench.decode_probe", _int(0), "an integer >= 0"),
     Rule("model.optimizer.lr", _number(1e-12), "a learning rate > 0"),
+    Rule("model.eval_max_images", _int(1), "an integer >= 1, or null for every val image", optional=True),
     Rule("augment.flip_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.mosaic_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.translate", _number(0.0, 1.0), "a fraction of the image side in [0, 1]", optional=True),

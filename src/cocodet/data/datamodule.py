@@ -13,11 +13,10 @@ import torch
 
 from cocodet.bench.transfer import TransferTimer, to_device
 from cocodet.data.augment import Letterbox, Recipe
-from cocodet.data.coco import CocoIndex, DatasetConfigError, build_index
+from cocodet.data.splits import load_splits
 from cocodet.data.dataset import DetectionDataset, EpochSampler
 from cocodet.data.flat_batch import FlatBatch, chain_stream_digest, restore
-from cocodet.data.synthetic import ensure_synthetic
-from cocodet.data.verify import verify_datamodule
+from cocodet.data.verify import verify_indexes
 from cocodet.loader.build import StreamPosition, build_loader
 from cocodet.loader.policy import LoaderPlan
 
@@ -43,29 +42,19 @@ class CocoDataModule(L.LightningDataModule):
         on_bad_sample: "raise" or "skip" (replace deterministically and record).
         verify: decode every image once at start and report problems (``verify.json``).
         synthetic: ``{seed, n_train, n_val}`` to generate the synthetic dataset at root first.
+        cache_dir: where the flat indexes are cached (None: build them at every start).
         run_dir: where ``bad_samples.jsonl`` and ``verify.json`` go.
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
                  image_size: int, recipe: Recipe, batch_size: int, seed: int, plan: LoaderPlan,
                  val_batch_size: int | None = None, keep_empty: bool = True, on_bad_sample: str = "raise",
-                 verify: bool = False, synthetic: dict | None = None, run_dir: str | None = None):
+                 verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
+                 run_dir: str | None = None):
         super().__init__()
-        base = Path(root)
-        if synthetic:
-            ensure_synthetic(base, **synthetic)
-        elif not base.is_dir():
-            raise DatasetConfigError(f"dataset.root={root} not found (resolved to {base.resolve()}); point "
-                                     "dataset.root at a folder holding the split folders and annotations/")
-        self.train_index: CocoIndex = build_index(base / train_images, base / train_ann, keep_empty=keep_empty)
-        self.val_index: CocoIndex = build_index(base / val_images, base / val_ann, keep_empty=True)
-        if list(self.train_index.category_ids) != list(self.val_index.category_ids):
-            raise DatasetConfigError(f"train and val category ids differ: {self.train_index.category_ids.tolist()} vs "
-                                     f"{self.val_index.category_ids.tolist()}; both splits must share one category list")
-        if on_bad_sample == "raise":
-            _refuse_index_problems(self.train_index)
-            _refuse_index_problems(self.val_index)
-        self.val_ann_file = str(base / val_ann)
+        self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
+                                                       on_bad_sample, synthetic, cache_dir)
+        self.val_ann_file = str(Path(root) / val_ann)
         self.image_size, self.batch_size, self.seed, self.plan = image_size, batch_size, seed, plan
         self.val_batch_size = val_batch_size or batch_size
         self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample)
@@ -80,9 +69,9 @@ class CocoDataModule(L.LightningDataModule):
         # every checkpoint, so a resumed run continues with exactly the remaining batches.
         self.position: StreamPosition | None = None
         self.stream_digest = ""
-        self._resume_pending = False
+        self._resume_pending = self._resume_next_epoch = False
         if verify:
-            verify_datamodule(self, self.run_dir or Path.cwd())
+            verify_indexes(self.train_index, self.val_index, self.run_dir or Path.cwd())
 
     @property
     def num_classes(self) -> int:
@@ -96,8 +85,12 @@ class CocoDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         """Where the train stream stands and the digest of what it delivered, for checkpoints."""
-        return {"stream_digest": self.stream_digest,
-                "position": self.position.state_dict() if self.position is not None else None}
+        position = self.position.state_dict() if self.position is not None else None
+        if position is not None and self.trainer is not None:
+            # Saved after the epoch's last batch (an epoch-end or step checkpoint): Lightning
+            # resumes at the next epoch, with the iterator it builds while restoring.
+            position["epoch_done"] = bool(self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        return {"stream_digest": self.stream_digest, "position": position}
 
     def load_state_dict(self, state: dict) -> None:
         """Called by Lightning while restoring a checkpoint, before the train loader is built."""
@@ -106,6 +99,7 @@ class CocoDataModule(L.LightningDataModule):
             self.position = self._new_position()
             self.position.load_state_dict(state["position"])
             self._resume_pending = True
+            self._resume_next_epoch = bool(state["position"].get("epoch_done"))
 
     def _new_position(self) -> StreamPosition:
         return StreamPosition(self.batch_size, self.seed, self.trainer.world_size if self.trainer is not None else 1)
@@ -116,9 +110,13 @@ class CocoDataModule(L.LightningDataModule):
         sampler = self._sampler(self.train_set, shuffle=True)
         if self._resume_pending:
             # The iterator of the resumed epoch is created before Lightning calls set_epoch:
-            # the sampler must already stand in the saved epoch, past what was consumed.
-            sampler.set_epoch(self.position.epoch)
-            sampler.resume_at(self.position.epoch, self.position.batches * self.batch_size)
+            # the sampler must already stand in the saved epoch, past what was consumed (or
+            # at the start of the next one when the saved epoch was complete).
+            if self._resume_next_epoch:
+                sampler.set_epoch(self.position.epoch + 1)
+            else:
+                sampler.set_epoch(self.position.epoch)
+                sampler.resume_at(self.position.epoch, self.position.batches * self.batch_size)
             self._resume_pending = False
         return build_loader(self.train_set, sampler, self.batch_size, self.plan, position=self.position)
 
@@ -179,11 +177,3 @@ class CocoDataModule(L.LightningDataModule):
                               "skipped": self.bad_counts[(stage, last)],
                               "skipped_all_epochs": sum(n for (s, _), n in self.bad_counts.items() if s == stage)}
         return out
-
-
-def _refuse_index_problems(index: CocoIndex) -> None:
-    bad = [(int(i), str(p)) for i, p in zip(index.image_ids, index.problems) if p]
-    if bad:
-        listing = "; ".join(f"image_id={i}: {p}" for i, p in bad[:5])
-        raise DatasetConfigError(f"{index.ann_file}: {len(bad)} images refused at start: {listing}. "
-                         "Fix the file names, or set dataset.on_bad_sample=skip to skip them with a record")

@@ -27,8 +27,8 @@ import cv2
 import numpy as np
 import torch
 
-PAD_MULTIPLE = 32
-STATS_COLUMNS = ("read_s", "decode_s", "augment_s", "collate_s", "pad_share")
+from cocodet.data.flat_layout import STATS_COLUMNS, batch_bytes, round_up  # noqa: F401  (batch_bytes: re-exported)
+
 
 
 class FlatBatch(NamedTuple):
@@ -41,10 +41,6 @@ class FlatBatch(NamedTuple):
     to_original: torch.Tensor
     sample_stats: torch.Tensor
     skipped: tuple = ()
-
-
-def _round_up(x: int, m: int = PAD_MULTIPLE) -> int:
-    return -(-x // m) * m
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -77,7 +73,7 @@ def flatten(samples: list[dict]) -> FlatBatch:
     b = len(samples)
     hs = [s["image"].shape[0] for s in samples]
     ws = [s["image"].shape[1] for s in samples]
-    images = _alloc((b, 3, _round_up(max(hs)), _round_up(max(ws))), torch.uint8)
+    images = _alloc((b, 3, round_up(max(hs)), round_up(max(ws))), torch.uint8)
     planes = images.numpy()  # shares the (shared-memory) storage
     for k, s in enumerate(samples):
         # HWC -> CHW straight into the batch: cv2.split writes the three planes in place,
@@ -127,13 +123,6 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
 def unrestore_uint8(images: list[torch.Tensor]) -> list[torch.Tensor]:
     """Inverse of restore's image conversion (exact for images that came from uint8)."""
     return [im.mul(255.0).round_().to(torch.uint8) for im in images]
-
-
-def batch_bytes(batch_size: int, image_size: int, boxes_per_image: int = 100) -> int:
-    """Bytes of one transported FlatBatch at a square ``image_size`` (what the shm cap budgets)."""
-    side = _round_up(image_size)
-    per_image = 3 * side * side + 2 * 8 + 8 + 8 + 3 * 4 + len(STATS_COLUMNS) * 8 + boxes_per_image * (4 * 4 + 8)
-    return batch_size * per_image
 
 
 def update_digest(h: "hashlib._Hash", flat: FlatBatch) -> None:

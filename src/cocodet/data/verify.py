@@ -40,10 +40,10 @@ def report_table(split: str, index: CocoIndex, problems: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def verify_datamodule(datamodule, run_dir: Path) -> dict:
+def verify_indexes(train: CocoIndex, val: CocoIndex, run_dir: Path) -> dict:
     """Scan train and val; log the table, write ``verify.json``; return the problems by split."""
     out = {}
-    for split, index in (("train", datamodule.train_index), ("val", datamodule.val_index)):
+    for split, index in (("train", train), ("val", val)):
         problems = scan(index)
         out[split] = problems
         log.info("dataset.verify\n%s", report_table(split, index, problems))

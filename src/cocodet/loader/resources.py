@@ -153,10 +153,13 @@ def raise_nofile_limit() -> None:
 
 
 def uses_cuda(accelerator: str) -> bool:
-    """Whether batches go to a CUDA device: a GPU accelerator (or auto) on a host that has one."""
+    """Whether batches go to a CUDA device: a GPU accelerator (or auto) on a host that has one.
+    A CPU run answers without importing torch (``mode=plan`` stays fast)."""
+    if str(accelerator) not in ("gpu", "cuda", "auto"):
+        return False
     import torch
 
-    return str(accelerator) in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+    return torch.cuda.is_available()
 
 
 def local_ranks(devices, cuda: bool) -> int:

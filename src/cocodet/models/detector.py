@@ -28,15 +28,19 @@ class DetectorModule(L.LightningModule):
         scheduler_interval: "step" or "epoch".
         val_ann_file: COCO ground truth for COCOeval.
         category_ids: original COCO category id of each contiguous label 1..K.
+        eval_max_images: evaluate only the first N validation images (quick checks; the rest of
+            the val batches are skipped without a forward pass). None: all.
     """
 
     def __init__(self, detector: partial, image_size: int, optimizer: partial, val_ann_file: str,
-                 category_ids: list[int], scheduler: partial | None = None, scheduler_interval: str = "step"):
+                 category_ids: list[int], scheduler: partial | None = None, scheduler_interval: str = "step",
+                 eval_max_images: int | None = None):
         super().__init__()
         self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.scheduler_interval = scheduler_interval
         self.val_ann_file = val_ann_file
+        self.eval_max_images = eval_max_images
         self.category_ids = np.asarray(category_ids, dtype=np.int64)
         self._gt = None
         self._results: list[dict] = []
@@ -62,6 +66,10 @@ class DetectorModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         images, targets = batch
+        if self.eval_max_images is not None and len(self._image_ids) >= self.eval_max_images:
+            return
+        room = None if self.eval_max_images is None else self.eval_max_images - len(self._image_ids)
+        images, targets = images[:room], targets[:room]
         outputs = self.model(images)
         for out, target in zip(outputs, targets):
             # FCOS/RetinaNet score label 0 too; it is background here and has no COCO id.
