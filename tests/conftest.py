@@ -16,6 +16,19 @@ REPO = Path(__file__).resolve().parents[1]
 COCO_TINY = Path(os.environ.get("COCODET_COCO_TINY", REPO.parent / "shared" / "data" / "coco_tiny")).resolve()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_index_cache(tmp_path_factory):
+    """Tests (and the train.py processes they start) cache indexes in a folder of their own,
+    not in the user's ~/.cache/cocodet."""
+    previous = os.environ.get("COCODET_CACHE_DIR")
+    os.environ["COCODET_CACHE_DIR"] = str(tmp_path_factory.mktemp("index_cache"))
+    yield
+    if previous is None:
+        os.environ.pop("COCODET_CACHE_DIR", None)
+    else:
+        os.environ["COCODET_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def coco_tiny() -> Path:
     if not (COCO_TINY / "annotations" / "instances_val2017.json").is_file():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import shutil
+from pathlib import Path
 
 import numpy as np
 
@@ -67,3 +68,13 @@ def test_concurrent_starts_build_it_once(coco_tiny, tmp_path, monkeypatch):
     assert sizes == [80] * 4
     assert builds.read_text().count("build") == 1
     assert len(list(cache.glob("index-*"))) == 2  # the index folder and its lock file; no leftover temporaries
+
+
+def test_cached_paths_do_not_depend_on_the_working_directory(coco_tiny, tmp_path, monkeypatch):
+    """A relative dataset.root cached from one directory must still be readable from another."""
+    monkeypatch.chdir(coco_tiny.parent)
+    first = cached_index("coco_tiny/val2017", "coco_tiny/annotations/instances_val2017.json", True, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    again = cached_index(coco_tiny / "val2017", coco_tiny / "annotations/instances_val2017.json", True, tmp_path)
+    assert all(Path(p).is_absolute() and Path(p).is_file() for p in again.paths[:5])
+    assert list(first.paths) == list(again.paths)

@@ -153,6 +153,7 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
     image_root, ann_file = Path(image_root), Path(ann_file)
     if not image_root.is_dir():
         raise DatasetConfigError(f"image folder not found: {image_root} (set dataset.root / dataset.{{train,val}}_images)")
+    image_root = Path(os.path.abspath(image_root))  # absolute paths: a cached index is read from any working directory
     data = load_coco_json(ann_file)
     ids = [img.get("id") for img in data["images"]]
     dup = sorted(i for i, n in Counter(ids).items() if n > 1)

@@ -28,7 +28,7 @@ import numpy as np
 from cocodet.data.coco import CocoIndex, build_index
 
 log = logging.getLogger(__name__)
-INDEX_FORMAT = 1  # bump when CocoIndex's fields or their meaning change
+INDEX_FORMAT = 2  # bump when CocoIndex's fields or their meaning change (2: absolute image paths)
 ARRAYS = ("image_ids", "sizes", "paths", "box_offsets", "boxes", "labels", "category_ids", "problems")
 
 
