@@ -86,3 +86,4 @@ def test_gpu_check_script_without_cuda_says_so_and_exits_0():
                           timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout
+

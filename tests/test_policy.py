@@ -108,6 +108,12 @@ def test_fd_warning_when_near_nofile():
     assert any("RLIMIT_NOFILE" in w for w in p.warnings)
 
 
+def test_map_count_warning_when_in_flight_maps_near_max_map_count():
+    p = plan("explicit", 4, prefetch=4, res=host(max_map_count=200))  # 4 x 4 batches x 8 tensors = 128 maps
+    assert any("vm.max_map_count 200" in w for w in p.warnings)
+    assert not any("max_map_count" in w for w in plan("explicit", 4, prefetch=4).warnings)
+
+
 def test_invalid_arguments_fail_loudly():
     with pytest.raises(ValueError, match="auto, explicit or inherited"):
         plan("sometimes")

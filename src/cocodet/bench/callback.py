@@ -1,4 +1,4 @@
-"""The harness's wait/work split inside a real training run, per epoch."""
+"""The harness's wait/work split inside a real training run, per epoch, with two alarms."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import logging
 import time
 
 import lightning as L
+import numpy as np
 import torch
 
-from cocodet.bench.harness import Measurement
+from cocodet.bench.harness import Measurement, worker_memory
 
 log = logging.getLogger(__name__)
+WARMUP_STEPS = 5  # waits before this step are start-up, not stalls
 
 
 class LoaderTimingCallback(L.Callback):
@@ -20,13 +22,21 @@ class LoaderTimingCallback(L.Callback):
     Reports through the bench's own :class:`Measurement` (same keys as ``mode=bench``), plus
     the host-to-device copy time measured on the device (``h2d_mean_ms``). The first batch of
     an epoch is its start-up (worker launch or wake-up), also reported as ``first_batch_s``.
+
+    Alarms, each logged once: a wait after warm-up longer than ``slow_wait_s`` (the step sat
+    idle for data), and worker RSS growing more than ``rss_growth_warn`` from one epoch to
+    the next (a leak, or copy-on-read of a Python object graph).
     """
 
-    def __init__(self):
+    def __init__(self, slow_wait_s: float = 1.0, rss_growth_warn: float = 0.2):
+        self.slow_wait_s, self.rss_growth_warn = slow_wait_s, rss_growth_warn
         self.epochs: list[dict] = []
+        self.alarms: list[str] = []
+        self._alarmed: set[str] = set()
         self._m = Measurement()
         self._last_end = self._batch_start = 0.0
         self._first = True
+        self._worker_rss: float | None = None
 
     def on_train_start(self, trainer, pl_module):
         # A run resumed mid-epoch starts without on_train_epoch_start for that epoch.
@@ -45,7 +55,12 @@ class LoaderTimingCallback(L.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         now = time.perf_counter()
-        self._m.add(self._batch_start - self._last_end, now - self._batch_start, len(batch[0]), epoch_start=self._first)
+        wait = self._batch_start - self._last_end
+        self._m.add(wait, now - self._batch_start, len(batch[0]), epoch_start=self._first)
+        if not self._first and trainer.global_step > WARMUP_STEPS and wait > self.slow_wait_s:
+            self._alarm("slow_wait", f"the training step waited {wait:.2f} s for a batch at step {trainer.global_step} "
+                        f"(epoch {trainer.current_epoch}; threshold {self.slow_wait_s} s): the loader is behind. "
+                        "Measure it with mode=bench and compare loader.num_workers in a sweep")
         self._first = False
         self._last_end = now
 
@@ -56,10 +71,31 @@ class LoaderTimingCallback(L.Callback):
         timer = getattr(trainer.datamodule, "transfer_timer", None)
         if timer is not None:
             stats.update(timer.summary())
+        workers = worker_memory(trainer.train_dataloader)
+        if workers:
+            rss = float(np.mean([m.rss for m in workers])) / 2**20
+            stats["worker_rss_mb"] = round(rss, 1)
+            growth = rss_growth(self._worker_rss, rss)
+            if growth is not None and growth > self.rss_growth_warn:
+                self._alarm("rss_growth", f"DataLoader worker RSS grew {100 * growth:.0f} % in epoch {trainer.current_epoch} "
+                            f"({self._worker_rss:.0f} -> {rss:.0f} MiB; threshold {100 * self.rss_growth_warn:.0f} %): "
+                            "a leak or copy-on-read in the dataset; mode=bench bench.epochs=N shows it per epoch")
+            self._worker_rss = rss
         self.epochs.append(stats)
         pl_module.log_dict({f"loader/{k}": float(v) for k, v in stats.items()
                             if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)})
         log.info("loader epoch %d: %s", trainer.current_epoch, stats)
 
+    def _alarm(self, kind: str, text: str) -> None:
+        if kind not in self._alarmed:
+            self._alarmed.add(kind)
+            self.alarms.append(text)
+            log.warning("loader: %s", text)
+
     def summary(self) -> dict:
-        return self.epochs[-1] if self.epochs else {}
+        return {**(self.epochs[-1] if self.epochs else {}), "alarms": list(self.alarms)}
+
+
+def rss_growth(previous_mb: float | None, now_mb: float) -> float | None:
+    """Relative growth of worker RSS since the previous epoch (None for the first epoch)."""
+    return None if not previous_mb else now_mb / previous_mb - 1.0

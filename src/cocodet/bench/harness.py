@@ -180,3 +180,17 @@ def storages_in(batch, shared_only: bool = False) -> int:
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
     return len(seen)
+
+
+def worker_memory(loader) -> list:
+    """psutil full memory info (rss, uss) of a loader's live workers (persistent ones survive
+    epochs); empty without workers. Reads the DataLoader's private iterator: torch offers no
+    public handle on its worker processes."""
+    iterator = getattr(loader, "_iterator", None)
+    out = []
+    for w in getattr(iterator, "_workers", []) if iterator is not None else []:
+        try:
+            out.append(psutil.Process(w.pid).memory_full_info())
+        except (psutil.Error, AttributeError, ValueError):
+            continue
+    return out

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from cocodet.bench.harness import Measurement, PeakSampler, calibrate_spin, measure
+from cocodet.bench.harness import Measurement, PeakSampler, calibrate_spin, measure, worker_memory
 from cocodet.bench.producers import CostDataset, make_consumer
 from cocodet.bench.transfer import TransferTimer, to_device
 from cocodet.data.coco import decode_image
@@ -115,7 +115,7 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
             measure(loader, consume, count=lambda b: b.images.shape[0], max_batches=wanted, on_batch=on_batch,
                     sync_cuda=cuda, into=m)
             peaks.sample()
-            workers = _worker_memory(loader)
+            workers = worker_memory(loader)
             # USS (pages only this worker holds) is what each extra worker really costs; it is
             # the number to give loader.worker_footprint_mb.
             per_epoch.append({
@@ -192,17 +192,3 @@ def _preloaded(loader, device: torch.device, count: int) -> list:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return batches
-
-
-def _worker_memory(loader) -> list:
-    """psutil full memory info (rss, uss) of the loader's live workers (persistent ones survive epochs)."""
-    import psutil
-
-    iterator = getattr(loader, "_iterator", None)
-    out = []
-    for w in getattr(iterator, "_workers", []) if iterator is not None else []:
-        try:
-            out.append(psutil.Process(w.pid).memory_full_info())
-        except (psutil.Error, AttributeError, ValueError):
-            continue
-    return out

@@ -34,14 +34,28 @@ def _fmt(x: int | None) -> str:
     return "n/a" if x is None else f"{x / MiB:.1f} MiB"
 
 
+# "unable to mmap N bytes": one tensor's mapping. Tiny ones (the seed saw 96, 144, 336 bytes:
+# label and count storages) fail when the process ran out of map slots (vm.max_map_count);
+# a batch-sized one fails when /dev/shm ran out of bytes (the pin-memory thread then says
+# "Cannot allocate memory", which is not the OOM killer). 64 KiB separates the two.
+_MMAP_SIZE = re.compile(r"unable to mmap (\d+) bytes")
+LARGE_MAPPING = 64 << 10
+
+
 def classify(message: str) -> str | None:
-    """'shm', 'segments', 'memory', 'worker' (died, cause unknown) or None (not a loader failure)."""
+    """'shm', 'segments', 'memory', 'worker' (died, cause unknown), 'segfault' or None (not a
+    loader failure)."""
     text = message.lower()
+    mapping = _MMAP_SIZE.search(text)
+    if mapping:
+        return "shm" if int(mapping.group(1)) >= LARGE_MAPPING else "segments"
     for kind, needles in (("shm", _SHM_BYTES), ("segments", _SEGMENTS)):
         if any(n in text for n in needles):
             return kind
     if "in dataloader worker process" in text:
         return None  # an exception raised by a sample: it carries its own traceback and image
+    if "segmentation fault" in text or "sigsegv" in text:
+        return "segfault"
     for kind, needles in (("memory", _MEMORY), ("worker", _WORKER)):
         if any(n in text for n in needles):
             return kind
@@ -93,7 +107,7 @@ def _forget_workers(error: BaseException) -> None:
             _utils.signal_handling._remove_worker_pids(id(owner))
 
 
-_SIGNAL_KIND = {"SIGBUS": "shm", "SIGKILL": "memory"}
+_SIGNAL_KIND = {"SIGBUS": "shm", "SIGKILL": "memory", "SIGSEGV": "segfault"}
 
 
 def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") -> str | None:
@@ -117,7 +131,8 @@ def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") 
                 f"(budget {_fmt(plan.shm_budget_bytes)}). Fix: run the container with --shm-size=2g (or --ipc=host), "
                 f"use loader=auto (sizes workers to the free shm), or lower loader.prefetch_factor / loader.batch_size.")
     elif kind == "segments":
-        body = (f"Likely cause: shared-memory segments — file descriptors or memory maps. RLIMIT_NOFILE soft is "
+        body = (f"Likely cause: shared-memory segments — file descriptors or memory maps (a small 'unable to mmap' "
+                f"means the map count ran out). RLIMIT_NOFILE soft is "
                 f"{res.nofile_soft} (hard {res.nofile_hard}), vm.max_map_count {res.max_map_count}; the plan holds "
                 f"{plan.inflight_fds} fds in flight. Fix: `ulimit -n {max(4096, res.nofile_hard)}`, a lower "
                 f"loader.prefetch_factor, or fewer workers (loader=auto).")
@@ -126,6 +141,11 @@ def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") 
                 f"{_fmt(res.memory_available_bytes)} ({res.memory_source}); the plan assumed "
                 f"{_fmt(plan.worker_footprint_bytes)} per worker. Check `dmesg | grep -i oom`. Fix: loader=auto "
                 f"(caps workers by memory), fewer workers, loader.prefetch_factor=1, or a smaller batch.")
+    elif kind == "segfault":
+        body = ("Likely cause: native code crashed inside a worker (SIGSEGV), not a resource limit. Libraries that are "
+                "not fork-safe (a CUDA context or an OpenMP/BLAS thread pool created before the workers forked, some "
+                "image codecs) are the usual suspects. Retry with loader.num_workers=0: if it passes, retry with 1 "
+                "worker; a crash at 1 but not at 0 points at fork-unsafe state, one at 0 too at the data or the library.")
     else:
         body = (f"A worker died without a recognisable resource signature. /dev/shm free {_fmt(res.shm_free_bytes)}, "
                 f"RLIMIT_NOFILE {res.nofile_soft}, memory available {_fmt(res.memory_available_bytes)}.")

@@ -208,6 +208,12 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
                             f"{resources.memory_available_bytes / MiB:.0f} MiB available; the OOM killer would end workers with SIGKILL")
     if workers > 0 and inflight_fds + 64 > resources.nofile_soft:
         warnings.append(f"{inflight_fds} fds in flight near RLIMIT_NOFILE {resources.nofile_soft}: raise `ulimit -n`")
+    # Every in-flight storage is also one memory map; the process's other maps (libraries,
+    # allocator arenas) take thousands more, so warn at half of vm.max_map_count.
+    if workers > 0 and resources.max_map_count and inflight_fds > resources.max_map_count // 2:
+        warnings.append(f"{inflight_fds} memory maps in flight against vm.max_map_count {resources.max_map_count}: "
+                        "expect 'unable to mmap N bytes'; lower loader.prefetch_factor or workers (the sysctl is "
+                        "the host's to raise)")
     return LoaderPlan(
         num_workers=workers, source=policy, requested=requested, batch_size=batch_size, batch_bytes=batch_bytes,
         prefetch_factor=prefetch_factor if workers > 0 else None,

@@ -1,0 +1,35 @@
+"""Which resource a loader failure points at, from the words torch and the kernel use (the seed's cases)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cocodet.loader.diagnose import classify
+
+
+@pytest.mark.parametrize("message, kind", [
+    # vm.max_map_count exhausted by in-flight segments: tiny mappings fail
+    ("RuntimeError: unable to mmap 96 bytes from file </torch_1234_567_8>: Cannot allocate memory (12)", "segments"),
+    ("RuntimeError: unable to mmap 336 bytes from file </torch_1234_567_8>: Cannot allocate memory (12)", "segments"),
+    # the pin-memory thread mapping a whole batch when /dev/shm bytes ran out: not the OOM killer
+    ("RuntimeError: Pin memory thread exited unexpectedly: unable to mmap 78643200 bytes from file "
+     "</torch_99_1_2>: Cannot allocate memory (12)", "shm"),
+    ("RuntimeError: DataLoader worker (pid 77) is killed by signal: Bus error.", "shm"),
+    ("OSError: [Errno 24] Too many open files", "segments"),
+    ("RuntimeError: DataLoader worker (pid 12) is killed by signal: Killed.", "memory"),
+    ("RuntimeError: DataLoader worker (pid 12) is killed by signal: Segmentation fault.", "segfault"),
+    ("RuntimeError: DataLoader worker (pid(s) 12) exited unexpectedly", "worker"),
+    ("ValueError: Caught BadSampleError in DataLoader worker process 0.", None),
+])
+def test_classify_by_words_and_mapping_size(message, kind):
+    assert classify(message) == kind
+
+
+def test_segfault_diagnosis_suggests_zero_then_one_worker():
+    from cocodet.loader.diagnose import explain
+    from cocodet.loader.policy import plan_loader
+    from cocodet.loader.resources import probe
+
+    plan = plan_loader("explicit", 2, 4, 1 << 20, 2, probe(), cuda=False)
+    text = explain(RuntimeError("DataLoader worker (pid 12) is killed by signal: Segmentation fault."), plan)
+    assert "loader.num_workers=0" in text and "1 worker" in text and "fork-safe" in text
