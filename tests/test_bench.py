@@ -67,7 +67,7 @@ def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
     """The chapter's two tables, reduced: pinned to one core, 0 vs 4 workers."""
     rows = sweep(tmp_path / "s", synthetic_root, "bench.producer=sleep,spin", "loader.num_workers=0,4",
                  "bench.producer_ms=2", "loader.batch_size=32", "bench.consumer=spin", "bench.work_ms=8",
-                 "bench.batches=16", "bench.warmup=4", "loader.persistent_workers=false",
+                 "bench.batches=40", "bench.warmup=12", "loader.persistent_workers=false",
                  prefix=["taskset", "-c", "0"])
     sleep0, sleep4 = rows[("sleep", 0)], rows[("sleep", 4)]
     spin0, spin4 = rows[("spin", 0)], rows[("spin", 4)]
