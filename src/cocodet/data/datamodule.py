@@ -124,7 +124,15 @@ class CocoDataModule(L.LightningDataModule):
         return build_loader(self.val_set, self._sampler(self.val_set, shuffle=False), self.val_batch_size, self.plan)
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        """Bookkeeping on the host copy: reading device tensors back after the transfer would
+        make every step wait for the GPU to finish the previous one."""
         self.fetched_at = time.perf_counter()
+        if isinstance(batch, FlatBatch):
+            training = self.trainer is None or self.trainer.training
+            epoch = self.trainer.current_epoch if self.trainer else 0
+            self.record_batch(batch, "train" if training else "val", epoch)
+            if training:
+                self.consume(batch, epoch)
         return batch
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
@@ -141,14 +149,7 @@ class CocoDataModule(L.LightningDataModule):
             return to_device(batch, device)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        if not isinstance(batch, FlatBatch):
-            return batch
-        training = self.trainer is None or self.trainer.training
-        epoch = self.trainer.current_epoch if self.trainer else 0
-        self.record_batch(batch, "train" if training else "val", epoch)
-        if training:
-            self.consume(batch, epoch)
-        return restore(batch)
+        return restore(batch) if isinstance(batch, FlatBatch) else batch
 
     def consume(self, batch: FlatBatch, epoch: int) -> None:
         """Advance the train stream's position and digest by one batch (the model's input)."""
