@@ -35,6 +35,26 @@ def test_batch_digest_is_independent_of_workers_runs_and_policy(coco_tiny, tmp_p
     assert seeded["batch_digest"] != auto["batch_digest"]
 
 
+def test_batch_digest_is_independent_of_parts_and_pixel_cache(coco_tiny, tmp_path):
+    """Batches of 8 shipped in parts of 3 (which split the partner pools of 8), and images
+    read from the pixel cache instead of decoded: the same stream as whole, decoded batches."""
+    digests, decodes = {}, {}
+    for name, extra in {"whole0": ["loader.num_workers=0"], "whole2": ["loader.num_workers=2"],
+                        "parts1": ["loader.num_workers=1", "loader.part_images=3"],
+                        "parts4": ["loader.num_workers=4", "loader.part_images=3"],
+                        "ram": ["loader.num_workers=2", "dataset.cache=ram"],
+                        "disk_parts": ["loader.num_workers=2", "dataset.cache=disk", "loader.part_images=5"]}.items():
+        s = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.batch_size=8", "bench.batches=10",
+                                      "bench.digest_batches=10", *extra), tmp_path / name)
+        assert s["digest_batches"] == 10 and s["examples"] == 80, (name, s["examples"])
+        assert (s["part_images"] is not None) == ("part_images=" in " ".join(extra))
+        digests[name], decodes[name] = s["batch_digest"], s["decodes_per_sample"]
+    assert len(set(digests.values())) == 1, digests
+    assert decodes["whole2"] == 1.0  # pools of 8 in batches of 8: each image decoded once
+    assert decodes["parts1"] > 1.0  # parts that split a pool decode the partners they draw again
+    assert decodes["ram"] == 0 and decodes["disk_parts"] == 0
+
+
 def test_digest_changes_with_epoch(coco_tiny):
     from cocodet.data.coco import build_index
     from cocodet.data.dataset import DetectionDataset, EpochSampler
@@ -133,7 +153,7 @@ def test_surviving_boxes_enclose_their_colour(seed, recipe):
 def test_mosaic_visibility_rule_drops_mostly_hidden_boxes():
     recipe = Mosaic(100, min_box_px=2.0, min_visibility=0.25)
     mapped = np.array([[10, 10, 50, 50], [-30, 10, 10, 50], [90, 90, 130, 130], [20, 20, 21, 60]], np.float32)
-    clipped, kept = recipe._clip_and_filter(mapped, 0, 0, 100, 100)
+    clipped, kept = recipe._clip_and_filter(mapped, np.broadcast_to(np.float32([0, 0, 100, 100]), (4, 4)))
     # whole; 1/4 visible (kept at the limit); 1/16 visible (dropped); 1 px wide (dropped)
     assert kept.tolist() == [0, 1]
     assert clipped[1].tolist() == [0, 10, 10, 50]
@@ -154,7 +174,10 @@ def test_mosaic_pad_share_matches_the_pixels():
 # hashed over content only (valid pixels, sizes, image ids, boxes, labels). Frozen so that a
 # refactor of the pipeline is proven not to change what the model sees; a deliberate change
 # of the recipe updates it in the same commit and says why.
-REFERENCE_DIGEST = "ffcf007198e3419c5d7782ad726d4a1f7afb3ba5709c2512e2cd2c7d56affb4b"
+# Updated for the one-decode loader: mosaic partners come from the sample's pool of 8 (not
+# the whole dataset), images are decoded at reduced size when shrunk 2x or more, and the HSV
+# jitter shifts hue in OpenCV's full-range HSV.
+REFERENCE_DIGEST = "0cdfd22fdf330f420cb84c8647198fb781dd515695a50a4d4677c0e07ce2483d"
 
 
 def test_default_train_stream_matches_the_frozen_reference(coco_tiny, tmp_path):

@@ -53,13 +53,33 @@ def test_shm_lowers_prefetch_before_dropping_workers():
     assert p.inflight_bytes <= p.shm_budget_bytes
 
 
-def test_batch_larger_than_shm_budget_loads_in_main_process():
-    # Docker's default 64 MB /dev/shm, batch 64 at 640 px: one uint8 batch is ~79 MB.
-    p = plan(batch_size=64, batch_bytes=79 * MiB, res=host(shm_free_bytes=64 * 1000 * 1000))
+def test_batch_larger_than_shm_budget_ships_parts():
+    # Docker's default 64 MB /dev/shm, batch 64 at 640 px: one uint8 batch is ~79 MB, the
+    # budget ~30 MiB: workers ship parts (a multiple of the partner pool), one each in flight.
+    p = plan(batch_size=64, batch_bytes=79 * MiB, res=host(shm_free_bytes=64 * 1000 * 1000), partner_pool=8)
+    assert p.num_workers >= 1 and p.prefetch_factor == 1 and p.persistent_workers
+    assert p.part_images == 8 and p.part_images % 8 == 0
+    assert 0 < p.inflight_bytes <= p.shm_budget_bytes
+    assert p.inflight_bytes == p.num_workers * p.part_images * 79 * MiB // 64
+    assert "parts of 8 images" in cap(p, "shm")["reason"] and "--shm-size" in cap(p, "shm")["reason"]
+    assert "parts of 8 images" in p.table()
+    without_pool = plan(batch_size=64, batch_bytes=79 * MiB, res=host(shm_free_bytes=64 * 1000 * 1000))
+    assert without_pool.part_images * without_pool.num_workers * 79 * MiB // 64 <= without_pool.shm_budget_bytes
+
+
+def test_not_even_one_image_fits_loads_in_main_process():
+    p = plan(batch_size=4, batch_bytes=40 * MiB, res=host(shm_free_bytes=8 * MiB))  # 10 MiB images, 4 MiB budget
     assert p.num_workers == 0 and p.prefetch_factor is None and not p.persistent_workers
-    assert p.inflight_bytes == 0
+    assert p.inflight_bytes == 0 and p.part_images is None
     assert "--shm-size" in cap(p, "shm")["reason"]
     assert p.dataloader_kwargs() == {"num_workers": 0, "pin_memory": False}
+
+
+def test_requested_parts_count_against_the_budget():
+    p = plan("explicit", 2, batch_size=64, batch_bytes=64 * MiB, res=host(shm_free_bytes=64 * MiB), part_images=8)
+    assert p.part_images == 8 and p.inflight_bytes == 2 * 2 * 8 * MiB and not p.warnings
+    p = plan("explicit", 2, batch_size=64, batch_bytes=64 * MiB, res=host(shm_free_bytes=64 * MiB))
+    assert any("loader.part_images=" in w for w in p.warnings)
 
 
 def test_no_shm_filesystem_is_not_capped():

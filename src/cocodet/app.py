@@ -42,7 +42,8 @@ def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
                        batch_bytes=batch_bytes(int(loader.batch_size), int(cfg.dataset.image_size)),
                        prefetch_factor=int(loader.prefetch_factor), resources=resources, cuda=cuda,
                        pin_memory=loader.pin_memory, persistent_workers=bool(loader.persistent_workers),
-                       worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None)
+                       worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
+                       part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)))
     log.info("loader plan:\n%s", plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)

@@ -37,7 +37,7 @@ def render_previews(datamodule, out_dir: str | Path, batches: int = 2, epoch: in
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     loader = datamodule.train_dataloader()
-    loader.sampler.set_epoch(epoch)
+    loader.set_epoch(epoch)
     paths = []
     for k, flat in enumerate(loader):
         if k >= batches:

@@ -39,20 +39,25 @@ def decode_probe(datamodule: CocoDataModule, images: int) -> float | None:
             continue
     times = []
     for data in blobs:
-        t0 = time.perf_counter()
-        try:
-            decode_image(data)
-        except ValueError:
-            continue
-        times.append(time.perf_counter() - t0)
+        best = None
+        for _ in range(3):  # the fastest of three: the cost on a core nothing else is using
+            t0 = time.perf_counter()
+            try:
+                decode_image(data)
+            except ValueError:
+                break
+            best = min(best or 1e9, time.perf_counter() - t0)
+        if best is not None:
+            times.append(best)
     return 1000.0 * float(np.median(times)) if times else None
 
 
 def decode_bounds(decode_ms: float, cpus: int, decodes_per_sample: float) -> dict:
-    """Samples/s that JPEG decoding alone allows on ``cpus`` cores: for this recipe, and for a
-    naive 4-decode mosaic whatever the recipe does (the reference the speed issues use)."""
+    """Samples/s that full-resolution JPEG decoding alone allows on ``cpus`` cores: at the
+    decodes per sample measured (None when nothing was decoded: a pixel cache), and for a
+    naive 4-decode mosaic whatever the loader does (the reference the speed issues use)."""
     return {"decode_ms_per_image": round(decode_ms, 3),
-            "decode_bound": round(cpus * 1000.0 / (decode_ms * decodes_per_sample), 1),
+            "decode_bound": round(cpus * 1000.0 / (decode_ms * decodes_per_sample), 1) if decodes_per_sample else None,
             "decode_bound_4": round(cpus * 1000.0 / (decode_ms * 4), 1)}
 
 
@@ -108,8 +113,7 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
     per_epoch = []
     with PeakSampler(shm_path) as peaks:
         while epoch < epochs or (batches is not None and len(m.waits) < warmup + batches):
-            if hasattr(loader, "sampler"):
-                loader.sampler.set_epoch(epoch)
+            loader.set_epoch(epoch)
             wanted = None if batches is None else max(1, warmup + batches - len(m.waits))
             before = len(m.waits)
             measure(loader, consume, count=lambda b: b.images.shape[0], max_batches=wanted, on_batch=on_batch,
@@ -133,6 +137,7 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
         consumer=consumer, producer=producer,
         stage_ms_per_sample={c[:-2]: round(1000 * stats[c], 3) for c in STATS_COLUMNS if c.endswith("_s")},
         pad_share=round(stats["pad_share"], 4),
+        decodes_per_sample=round(stats["decodes"], 3),
         peak_rss_mb=round(peaks.peak_rss / 2**20, 1), peak_shm_mb=round(peaks.peak_shm / 2**20, 1),
         skipped_samples=skipped,
         epochs=per_epoch,
@@ -145,8 +150,7 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
     if producer == "dataset" and decode_probe_images > 0:
         decode_ms = decode_probe(datamodule, decode_probe_images)
         if decode_ms:
-            recipe = datamodule.train_set.recipe
-            summary.update(decode_bounds(decode_ms, plan.usable_cpus, 1 + recipe.mean_partners))
+            summary.update(decode_bounds(decode_ms, plan.usable_cpus, stats["decodes"]))
             augment_ms = summary["stage_ms_per_sample"]["augment"]
             summary["augment_vs_decode"] = round(augment_ms / decode_ms, 3)
     summary.update({k: v for k, v in plan.summary().items() if k not in summary})
@@ -183,7 +187,7 @@ def _preloaded(loader, device: torch.device, count: int) -> list:
     """``count`` batches from ``loader`` (cycling its epochs), already on ``device``."""
     batches, epoch = [], 0
     while len(batches) < count:
-        loader.sampler.set_epoch(epoch)
+        loader.set_epoch(epoch)
         for batch in loader:
             batches.append(to_device(batch, device))
             if len(batches) == count:

@@ -9,6 +9,7 @@ Every recipe returns a :class:`Sample` whose ``pad_share`` is computed from the 
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import albumentations as A
@@ -45,20 +46,32 @@ def letterbox_resize(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
     return cv2.resize(image, (nw, nh), interpolation=interp), scale
 
 
-def letterbox(image: np.ndarray, boxes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+def canvas(size: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A size x size x 3 uint8 image filled with PAD_VALUE: ``out`` when given (a buffer the
+    caller reuses: a fresh 1.2 MB array per sample costs ~0.7 ms of page faults when a whole
+    batch of them is alive at once), else a new one."""
+    if out is None or out.shape != (size, size, 3):
+        return np.full((size, size, 3), PAD_VALUE, dtype=np.uint8)
+    out.fill(PAD_VALUE)
+    return out
+
+
+def letterbox(image: np.ndarray, boxes: np.ndarray, size: int,
+              out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Letterbox to size x size, padding bottom/right; returns (image, boxes, scale, pad_share)."""
     resized, scale = letterbox_resize(image, size)
     nh, nw = resized.shape[:2]
-    out = np.full((size, size, 3), PAD_VALUE, dtype=np.uint8)
+    out = canvas(size, out)
     out[:nh, :nw] = resized
     return out, boxes * np.float32(scale), scale, 1.0 - (nh * nw) / (size * size)
 
 
 def hflip(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mirror the image in place (cv2.flip: 30x faster than a numpy copy of image[:, ::-1])."""
     w = image.shape[1]
     flipped = boxes.copy()
     flipped[:, [0, 2]] = w - boxes[:, [2, 0]]
-    return cv2.flip(image, 1), flipped  # 30x faster than a numpy copy of image[:, ::-1]
+    return cv2.flip(image, 1, dst=image), flipped
 
 
 def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, float],
@@ -70,8 +83,8 @@ def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, 
     hi = int(round(min(origin + zoom * length, canvas[1], float(size))))
     if hi <= lo:
         return None
-    a = max(0, int(np.floor((lo - origin) / zoom + 1e-6)))
-    b = min(length, int(np.ceil((hi - origin) / zoom - 1e-6)))
+    a = max(0, math.floor((lo - origin) / zoom + 1e-6))
+    b = min(length, math.ceil((hi - origin) / zoom - 1e-6))
     if b <= a:
         return None
     return lo, hi, a, b
@@ -80,7 +93,8 @@ def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, 
 class Recipe:
     """A named transform over one sample and the partner samples it asked for."""
 
-    mean_partners = 0.0  # expected partners per sample (what decode bounds divide by)
+    mean_partners = 0.0  # expected partners per sample
+    partner_pool = 0  # partners come from aligned runs of this many samples (0: no pools)
 
     def __init__(self, image_size: int):
         self.image_size = image_size
@@ -89,16 +103,18 @@ class Recipe:
         """How many extra raw samples this call will consume (drawn before any decode)."""
         return 0
 
-    def __call__(self, raw: Raw, rng: np.random.Generator, partner_raws: list[Raw]) -> Sample:
+    def __call__(self, raw: Raw, rng: np.random.Generator, partner_raws: list[Raw],
+                 out: np.ndarray | None = None) -> Sample:
+        """``out``: an image_size x image_size x 3 buffer the output may be written into."""
         raise NotImplementedError
 
 
 class Letterbox(Recipe):
     """Validation and ``augment=none``: letterbox only, deterministic."""
 
-    def __call__(self, raw, rng, partner_raws):
+    def __call__(self, raw, rng, partner_raws, out=None):
         image, boxes, labels = raw
-        image, boxes, scale, pad_share = letterbox(image, boxes, self.image_size)
+        image, boxes, scale, pad_share = letterbox(image, boxes, self.image_size, out)
         return Sample(image, boxes, labels, scale, pad_share)
 
 
@@ -111,9 +127,9 @@ class Basic(Recipe):
                               bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"]))
         self.flip_p = flip_p
 
-    def __call__(self, raw, rng, partner_raws):
+    def __call__(self, raw, rng, partner_raws, out=None):
         image, boxes, labels = raw
-        image, boxes, scale, pad_share = letterbox(image, boxes, self.image_size)
+        image, boxes, scale, pad_share = letterbox(image, boxes, self.image_size, out)
         if rng.random() < self.flip_p:
             out = self.flip(image=image, bboxes=boxes, labels=labels)
             image = np.ascontiguousarray(out["image"])
@@ -143,16 +159,21 @@ class Mosaic(Recipe):
         center_range: the mosaic centre's range as fractions of the 2s canvas side.
         min_box_px: boxes narrower or lower than this (output pixels) are dropped.
         min_visibility: boxes keeping less than this fraction of their area are dropped.
+        partner_pool: partners are drawn from the aligned run of this many consecutive samples
+            of the epoch order the sample belongs to, so a batch decodes each image once.
     """
 
     def __init__(self, image_size: int, scale: tuple[float, float] = (0.5, 1.5), translate: float = 0.1,
                  hsv: tuple[int, int, int] = (10, 40, 30), flip_p: float = 0.5, mosaic_p: float = 1.0,
                  center_range: tuple[float, float] = (0.3, 0.7), min_box_px: float = 2.0,
-                 min_visibility: float = 0.1):
+                 min_visibility: float = 0.1, partner_pool: int = 8):
         super().__init__(image_size)
         self.scale, self.translate, self.hsv = tuple(scale), float(translate), tuple(hsv)
         self.flip_p, self.mosaic_p, self.center_range = flip_p, mosaic_p, tuple(center_range)
         self.min_box_px, self.min_visibility = min_box_px, min_visibility
+        if partner_pool < 2:
+            raise ValueError(f"augment.partner_pool must be >= 2 (a sample and at least one partner), got {partner_pool}")
+        self.partner_pool = int(partner_pool)
 
     @property
     def mean_partners(self) -> float:
@@ -179,7 +200,7 @@ class Mosaic(Recipe):
             out.append((image, boxes * np.float32(r), x0, y0))
         return out, side
 
-    def __call__(self, raw, rng, partner_raws):
+    def __call__(self, raw, rng, partner_raws, out=None):
         s = self.image_size
         raws = [raw, *partner_raws]
         placements, side = self._placements(raws, rng)
@@ -189,9 +210,9 @@ class Mosaic(Recipe):
         # coordinates (pixel k spans [k, k+1)), the frame boxes live in.
         canvas_x = (tx - zoom * side / 2, tx + zoom * side / 2)
         canvas_y = (ty - zoom * side / 2, ty + zoom * side / 2)
-        out = np.full((s, s, 3), PAD_VALUE, dtype=np.uint8)
+        out = canvas(s, out)
         covered = 0
-        kept_boxes, kept_labels = [], []
+        mapped_boxes, labels_of, rects = [], [], []
         for (image, boxes, x0, y0), (_, _, labels) in zip(placements, raws):
             h, w = image.shape[:2]
             ox, oy = zoom * (x0 - side / 2) + tx, zoom * (y0 - side / 2) + ty  # image origin in the output
@@ -207,40 +228,50 @@ class Mosaic(Recipe):
             covered += (X1 - X0) * (Y1 - Y0)
             if len(boxes):
                 fx, fy = (X1 - X0) / (u1 - u0), (Y1 - Y0) / (v1 - v0)
-                mapped = boxes * np.float32([fx, fy, fx, fy]) + np.float32([X0 - u0 * fx, Y0 - v0 * fy] * 2)
-                clipped, kept = self._clip_and_filter(mapped, X0, Y0, X1, Y1)
-                kept_boxes.append(clipped[kept])
-                kept_labels.append(labels[kept])
-        boxes = np.concatenate(kept_boxes) if kept_boxes else np.zeros((0, 4), np.float32)
-        labels = np.concatenate(kept_labels) if kept_labels else np.zeros((0,), np.int64)
+                mapped_boxes.append(boxes * np.float32([fx, fy, fx, fy]) + np.float32([X0 - u0 * fx, Y0 - v0 * fy] * 2))
+                labels_of.append(labels)
+                rects.append(np.broadcast_to(np.float32([X0, Y0, X1, Y1]), (len(boxes), 4)))
+        if mapped_boxes:
+            boxes, kept = self._clip_and_filter(np.concatenate(mapped_boxes), np.concatenate(rects))
+            boxes, labels = boxes[kept], np.concatenate(labels_of)[kept]
+        else:
+            boxes, labels = np.zeros((0, 4), np.float32), np.zeros((0,), np.int64)
         self._jitter_hsv(out, rng)
         if rng.random() < self.flip_p:
             out, boxes = hflip(out, boxes)
         return Sample(out, boxes.astype(np.float32), labels.astype(np.int64), 1.0, 1.0 - covered / (s * s))
 
-    def _clip_and_filter(self, mapped: np.ndarray, x0: int, y0: int, x1: int, y1: int) -> tuple[np.ndarray, np.ndarray]:
-        """Clip boxes to the rectangle their image covers; keep those at least min_box_px on
-        each side that keep min_visibility of their (unclipped) area. Returns (clipped, kept)."""
-        clipped = mapped.copy()
-        np.clip(clipped[:, 0::2], x0, x1, out=clipped[:, 0::2])
-        np.clip(clipped[:, 1::2], y0, y1, out=clipped[:, 1::2])
+    def _clip_and_filter(self, mapped: np.ndarray, rects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Clip each box to the rectangle (x0, y0, x1, y1) its image covers; keep those at least
+        min_box_px on each side that keep min_visibility of their (unclipped) area.
+        Returns (clipped, kept indices)."""
+        lo = np.concatenate([rects[:, :2], rects[:, :2]], axis=1)
+        hi = np.concatenate([rects[:, 2:], rects[:, 2:]], axis=1)
+        clipped = np.minimum(np.maximum(mapped, lo), hi)
         w, h = clipped[:, 2] - clipped[:, 0], clipped[:, 3] - clipped[:, 1]
         full = (mapped[:, 2] - mapped[:, 0]) * (mapped[:, 3] - mapped[:, 1])
         keep = (w >= self.min_box_px) & (h >= self.min_box_px) & (w * h >= self.min_visibility * full)
         return clipped, np.flatnonzero(keep)
 
     def _jitter_hsv(self, image: np.ndarray, rng) -> None:
-        """Additive hue/saturation/value shifts through one 3-channel lookup table, in place."""
+        """Additive hue/saturation/value shifts, in place.
+
+        Hue is shifted in OpenCV's full-range HSV (0-255 for a whole turn), where uint8
+        wrap-around *is* the hue circle: one strided add, no modulo. Saturation and value take
+        one saturating ``cv2.add``. About 0.3 ms less per 640 px image than a 3-channel LUT.
+        """
         shifts = rng.uniform(-1, 1, size=3) * np.array(self.hsv, np.float64)
-        if not np.any(np.round(shifts)):
+        dh = int(round(shifts[0] * 256 / 180))  # limits are given in OpenCV's 0-179 hue units
+        ds, dv = int(round(shifts[1])), int(round(shifts[2]))
+        if not (dh or ds or dv):
             return
-        hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV)
-        x = np.arange(256, dtype=np.int32)
-        lut = np.stack([(x + int(round(shifts[0]))) % 180,
-                        np.clip(x + int(round(shifts[1])), 0, 255),
-                        np.clip(x + int(round(shifts[2])), 0, 255)], axis=-1).astype(np.uint8)
-        cv2.LUT(hsv, lut.reshape(256, 1, 3), dst=hsv)
-        cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=image)
+        hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV_FULL)
+        if dh:
+            hue = hsv.reshape(-1, 3)[:, 0]
+            np.add(hue, np.uint8(dh % 256), out=hue)  # uint8 arithmetic wraps: the hue circle
+        if ds or dv:
+            cv2.add(hsv, (0, ds, dv, 0), dst=hsv)
+        cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB_FULL, dst=image)
 
 
 RECIPES: dict[str, Callable[..., Recipe]] = {"mosaic": Mosaic, "basic": Basic, "none": Letterbox}

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -68,14 +69,48 @@ def resolve_inside(root: Path, file_name: str, real_dirs: dict[str, str] | None 
     return path
 
 
-def decode_image(data: bytes) -> np.ndarray:
-    """Decode image bytes by content into an HxWx3 uint8 RGB array; raise ValueError with a reason."""
+# libjpeg's DCT scaling: a JPEG decoded at 1/2, 1/4 or 1/8 of its size costs about half a
+# full decode, and an image shrunk by that much anyway loses nothing it would have kept.
+_REDUCED_FLAGS = {1: _IMREAD_FLAGS, 2: cv2.IMREAD_REDUCED_COLOR_2 | cv2.IMREAD_IGNORE_ORIENTATION,
+                  4: cv2.IMREAD_REDUCED_COLOR_4 | cv2.IMREAD_IGNORE_ORIENTATION,
+                  8: cv2.IMREAD_REDUCED_COLOR_8 | cv2.IMREAD_IGNORE_ORIENTATION}
+
+
+class Source(NamedTuple):
+    """An image at the working resolution (long side = the dataset's image_size) with its
+    targets in that frame: what every recipe starts from, decoded or read from the pixel cache.
+
+    ``orig_hw`` is the stored image's (height, width); ``scale`` maps stored pixels to these.
+    """
+
+    image: np.ndarray
+    boxes: np.ndarray
+    labels: np.ndarray
+    orig_hw: tuple[int, int]
+    scale: float
+
+
+def decode_reduction(data: bytes, stored_hw: tuple[int, int], size: int) -> int:
+    """The largest libjpeg reduction (1, 2, 4 or 8) that still decodes at least ``size`` pixels
+    on the long side. JPEG only (other formats would be decoded in full and resized by
+    OpenCV anyway); 1 when the stored size is unknown."""
+    if data[:2] != b"\xff\xd8" or min(stored_hw) <= 0:
+        return 1
+    for factor in (8, 4, 2):
+        if max(stored_hw) // factor >= size:
+            return factor
+    return 1
+
+
+def decode_image(data: bytes, reduction: int = 1) -> np.ndarray:
+    """Decode image bytes by content into an HxWx3 uint8 RGB array (at 1/``reduction`` of the
+    stored size for a JPEG); raise ValueError with a reason."""
     if not data:
         raise ValueError("file is empty (0 bytes)")
     if data[:2] == b"\xff\xd8" and not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
         # libjpeg decodes a truncated file into a half-grey image with only a warning.
         raise ValueError(f"truncated JPEG: no end-of-image marker ({len(data)} bytes)")
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), _IMREAD_FLAGS)
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED_FLAGS[reduction])
     if image is None:
         raise ValueError(f"not a decodable image (first bytes {data[:8]!r})")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
@@ -252,9 +287,56 @@ def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None) -> tup
     jh, jw = index.sizes[k]
     if (jh, jw) != (0, 0) and (h, w) != (jh, jw):
         raise BadSampleError(path, image_id, f"decoded size {h}x{w} differs from the annotation's {jh}x{jw}")
+    return (image, *_clip_targets(index, k, h, w))
+
+
+def _clip_targets(index: CocoIndex, k: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Image k's boxes clipped to its stored (h, w); boxes wholly outside are dropped."""
     boxes, labels = index.targets(k)
     boxes = boxes.copy()
     np.clip(boxes[:, 0::2], 0, w, out=boxes[:, 0::2])
     np.clip(boxes[:, 1::2], 0, h, out=boxes[:, 1::2])
-    keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)  # wholly outside -> gone
-    return image, boxes[keep], labels[keep]
+    keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)
+    return boxes[keep], labels[keep]
+
+
+def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None = None) -> Source:
+    """Read image k and bring it to the working resolution (long side ``size``): a reduced
+    JPEG decode when the image is at least 2x larger, then the one letterbox resize.
+
+    The pixel cache stores exactly this output, so cached and uncached runs see the same
+    pixels. Raises BadSampleError like :func:`load_raw`; ``timings`` (read, decode) in seconds
+    accumulate in place, the resize counting as decode.
+    """
+    from cocodet.data.augment import letterbox_resize  # augment imports albumentations: only here
+
+    path, image_id = str(index.paths[k]), int(index.image_ids[k])
+    if index.problems[k]:
+        raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
+    t0 = time.perf_counter()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
+    t1 = time.perf_counter()
+    jh, jw = (int(x) for x in index.sizes[k])
+    reduction = decode_reduction(data, (jh, jw), size)
+    try:
+        image = decode_image(data, reduction)
+    except ValueError as e:
+        raise BadSampleError(path, image_id, str(e)) from None
+    h, w = image.shape[:2]
+    expected = (jh, jw) if reduction == 1 else (-(-jh // reduction), -(-jw // reduction))  # libjpeg rounds up
+    if (jh, jw) != (0, 0) and (h, w) != expected:
+        raise BadSampleError(path, image_id, f"decoded size {h * reduction}x{w * reduction} differs from the "
+                                             f"annotation's {jh}x{jw}")
+    orig_h, orig_w = (jh, jw) if reduction > 1 else (h, w)
+    resized, r = letterbox_resize(image, size)
+    t2 = time.perf_counter()
+    if timings is not None:
+        timings[0] += t1 - t0
+        timings[1] += t2 - t1
+    boxes, labels = _clip_targets(index, k, orig_h, orig_w)
+    scale = r / reduction
+    return Source(resized, boxes * np.float32(scale), labels, (orig_h, orig_w), scale)

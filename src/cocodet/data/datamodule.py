@@ -13,6 +13,8 @@ import torch
 
 from cocodet.bench.transfer import TransferTimer, to_device
 from cocodet.data.augment import Letterbox, Recipe
+from cocodet.config import UserError
+from cocodet.data.pixel_cache import open_pixel_cache
 from cocodet.data.splits import load_splits
 from cocodet.data.dataset import DetectionDataset, EpochSampler
 from cocodet.data.flat_batch import FlatBatch, chain_stream_digest, restore
@@ -21,6 +23,10 @@ from cocodet.loader.build import StreamPosition, build_loader
 from cocodet.loader.policy import LoaderPlan
 
 log = logging.getLogger(__name__)
+
+
+class PixelCacheConfigError(UserError):
+    """dataset.cache asked for without a place to keep it."""
 
 
 class CocoDataModule(L.LightningDataModule):
@@ -42,7 +48,9 @@ class CocoDataModule(L.LightningDataModule):
         on_bad_sample: "raise" or "skip" (replace deterministically and record).
         verify: decode every image once at start and report problems (``verify.json``).
         synthetic: ``{seed, n_train, n_val}`` to generate the synthetic dataset at root first.
-        cache_dir: where the flat indexes are cached (None: build them at every start).
+        cache_dir: where the flat indexes (and pixel caches) are kept (None: build indexes at every start).
+        cache: "none", "ram" or "disk": read images at image_size from a pixel cache shared by
+            every worker and rank (``data/pixel_cache.py``) instead of decoding them.
         run_dir: where ``bad_samples.jsonl`` and ``verify.json`` go.
     """
 
@@ -50,15 +58,26 @@ class CocoDataModule(L.LightningDataModule):
                  image_size: int, recipe: Recipe, batch_size: int, seed: int, plan: LoaderPlan,
                  val_batch_size: int | None = None, keep_empty: bool = True, on_bad_sample: str = "raise",
                  verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
-                 run_dir: str | None = None):
+                 cache: str = "none", run_dir: str | None = None):
         super().__init__()
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
                                                        on_bad_sample, synthetic, cache_dir)
         self.val_ann_file = str(Path(root) / val_ann)
         self.image_size, self.batch_size, self.seed, self.plan = image_size, batch_size, seed, plan
         self.val_batch_size = val_batch_size or batch_size
-        self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample)
-        self.val_set = DetectionDataset(self.val_index, Letterbox(image_size), seed, on_bad_sample)
+        if recipe.image_size != image_size:
+            raise ValueError(f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}")
+        train_pixels = val_pixels = None
+        if cache != "none":
+            if cache_dir is None:
+                raise PixelCacheConfigError(f"dataset.cache={cache} needs dataset.cache_dir (it is null): set a folder "
+                                            "with room for the images at dataset.image_size, or use dataset.cache=none")
+            train_pixels = open_pixel_cache(self.train_index, image_size, cache, cache_dir, "train", plan.usable_cpus)
+            val_pixels = open_pixel_cache(self.val_index, image_size, cache, cache_dir, "val", plan.usable_cpus)
+        # Both sets are read only through the FlatBatch collate, which copies every batch.
+        self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample, train_pixels, reuse_outputs=True)
+        self.val_set = DetectionDataset(self.val_index, Letterbox(image_size), seed, on_bad_sample, val_pixels,
+                                        reuse_outputs=True)
         self.run_dir = Path(run_dir) if run_dir else None
         self.bad_counts: Counter = Counter()  # (stage, epoch) -> replaced primary samples
         self.seen_counts: Counter = Counter()
@@ -81,7 +100,7 @@ class CocoDataModule(L.LightningDataModule):
         rank, world = 0, 1
         if self.trainer is not None:
             rank, world = self.trainer.global_rank, self.trainer.world_size
-        return EpochSampler(len(dataset), self.seed, shuffle, rank, world)
+        return EpochSampler(len(dataset), self.seed, shuffle, rank, world, pool=dataset.recipe.partner_pool)
 
     def state_dict(self) -> dict:
         """Where the train stream stands and the digest of what it delivered, for checkpoints."""

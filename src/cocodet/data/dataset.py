@@ -1,9 +1,16 @@
-"""Map-style detection dataset: index -> decode -> recipe, with per-sample generators.
+"""Map-style detection dataset: index -> image at the working resolution -> recipe.
 
 Determinism contract (DESIGN §5): sample i of epoch e draws everything (mosaic partners,
 every transform, a bad sample's replacement) from ``np.random.default_rng((seed, e, i))``.
-The sampler hands out ``(epoch, i)`` keys, so persistent workers learn the epoch with each
-key instead of from state that would stay behind in a worker replica.
+The sampler hands out ``(epoch, i, pool)`` keys, so persistent workers learn the epoch with
+each key instead of from state that would stay behind in a worker replica.
+
+One decode per sample: mosaic partners are drawn from the sample's *pool*, the aligned run
+of ``partner_pool`` consecutive samples of the epoch order it belongs to. The DataLoader
+hands a worker the keys of a whole batch (or part) at once (``__getitems__``), so each pool
+member is decoded once and serves as a primary and as the partners that drew it. Pools
+depend only on (seed, epoch, rank, world size): never on the batch size, how a batch is
+split into parts, the worker count or the pixel cache.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import numpy as np
 import torch.utils.data
 
 from cocodet.data.augment import Recipe
-from cocodet.data.coco import BadSampleError, CocoIndex, load_raw
+from cocodet.data.coco import BadSampleError, CocoIndex, Source, load_resized
+from cocodet.data.flat_batch import PartKeys
 
 MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not worth continuing
 
@@ -24,13 +32,24 @@ class DetectionDataset(torch.utils.data.Dataset):
     """Samples are dicts: image (HxWx3 uint8 RGB), boxes [n,4] xyxy, labels [n], key (epoch, i:
     the sampler's key), image_id (of the image used: a skipped sample's replacement differs),
     to_original (orig_h, orig_w, scale: output pixel / scale = stored pixel), stage_seconds
-    (read, decode, augment), pad_share (fraction of output pixels no source image covers),
-    skipped (records of bad samples replaced while producing this one)."""
+    (read, decode, augment), decodes (images decoded for it), pad_share (fraction of output
+    pixels no source image covers), skipped (records of bad samples replaced while producing it).
 
-    def __init__(self, index: CocoIndex, recipe: Recipe, seed: int, on_bad_sample: str = "raise"):
+    Images come at the working resolution from ``load_resized`` or, with ``pixel_cache``, from
+    the cache that stores exactly its output.
+    """
+
+    def __init__(self, index: CocoIndex, recipe: Recipe, seed: int, on_bad_sample: str = "raise",
+                 pixel_cache=None, reuse_outputs: bool = False):
         if on_bad_sample not in ("raise", "skip"):
             raise ValueError(f"dataset.on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
         self.index, self.recipe, self.seed, self.on_bad_sample = index, recipe, seed, on_bad_sample
+        self.pixel_cache = pixel_cache
+        # With reuse_outputs, sample j of every __getitems__ call is written into the same
+        # buffer (warm pages, no per-sample page faults): only for a loader whose collate
+        # copies each batch before the next call, never for callers that keep samples.
+        self.reuse_outputs = reuse_outputs
+        self._outputs: list[np.ndarray] = []
 
     def __len__(self) -> int:
         return len(self.index)
@@ -42,15 +61,52 @@ class DetectionDataset(torch.utils.data.Dataset):
         return {"epoch": epoch, "index": index, "image_id": error.image_id, "file": error.path,
                 "reason": error.reason, "role": role}
 
+    def _load(self, k: int, timings: np.ndarray) -> Source:
+        if self.pixel_cache is not None:
+            t0 = time.perf_counter()
+            try:
+                return self.pixel_cache.load(self.index, k)
+            finally:
+                timings[0] += time.perf_counter() - t0
+        timings[3] += 1
+        return load_resized(self.index, k, self.recipe.image_size, timings)
+
     def __getitem__(self, key: Any) -> dict:
-        epoch, i = key if isinstance(key, tuple) else (0, int(key))
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list) -> list[dict]:
+        """Build the samples of ``keys`` (one batch or part) decoding each image once."""
+        loaded: dict[int, Source | BadSampleError] = {}
+
+        def load(k: int, timings: np.ndarray) -> Source:
+            if k not in loaded:
+                try:
+                    loaded[k] = self._load(k, timings)
+                except BadSampleError as e:
+                    loaded[k] = e
+            if isinstance(loaded[k], BadSampleError):
+                raise loaded[k]
+            return loaded[k]
+
+        if self.reuse_outputs:
+            size = self.recipe.image_size
+            while len(self._outputs) < len(keys):
+                self._outputs.append(np.empty((size, size, 3), np.uint8))
+            samples = [self._sample(key, load, self._outputs[j]) for j, key in enumerate(keys)]
+        else:
+            samples = [self._sample(key, load) for key in keys]
+        part = getattr(keys, "part", None)
+        return PartKeys(samples, part) if part else samples  # the collate learns which part it builds
+
+    def _sample(self, key: Any, load, out: np.ndarray | None = None) -> dict:
+        epoch, i, pool = _unpack(key)
         rng = np.random.default_rng((self.seed, epoch, i))
-        stage_seconds = np.zeros(3, dtype=np.float64)
+        timings = np.zeros(4, dtype=np.float64)  # read, decode, augment seconds; decodes
         skipped: list[dict] = []
         k = i
         for _ in range(MAX_REPLACEMENTS):
             try:
-                raw = load_raw(self.index, k, stage_seconds)
+                primary = load(k, timings)
                 break
             except BadSampleError as e:
                 skipped.append(self._skip_record(e, epoch, k, "sample"))
@@ -60,33 +116,46 @@ class DetectionDataset(torch.utils.data.Dataset):
                                f"last {skipped[-1]}; run with dataset.verify=true to list them all")
         partners = []
         wanted = self.recipe.partners(rng)
+        # The pool without the sample itself (itself only when the pool has no other member);
+        # no pool (a plain key): the whole dataset.
+        others = [j for j in pool if j != i] or [i] if pool else None
         while len(partners) < wanted:
-            j = int(rng.integers(len(self.index)))
+            j = int(others[rng.integers(len(others))]) if others else int(rng.integers(len(self.index)))
             try:
-                partners.append(load_raw(self.index, j, stage_seconds))
+                partners.append(load(j, timings))
             except BadSampleError as e:
                 skipped.append(self._skip_record(e, epoch, j, "mosaic_partner"))
                 if len(skipped) > MAX_REPLACEMENTS:
                     raise RuntimeError(f"too many bad mosaic partners around index {i}: {skipped[-1]}") from e
         t0 = time.perf_counter()
-        out = self.recipe(raw, rng, partners)
-        stage_seconds[2] = time.perf_counter() - t0
-        h, w = raw[0].shape[:2]
+        out = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
+        timings[2] = time.perf_counter() - t0
         return {
             "image": out.image,
             "boxes": out.boxes,
             "labels": out.labels,
             "key": (epoch, i),
             "image_id": int(self.index.image_ids[k]),
-            "to_original": np.array([h, w, out.scale], dtype=np.float32),
-            "stage_seconds": stage_seconds,
+            "to_original": np.array([*primary.orig_hw, primary.scale * out.scale], dtype=np.float32),
+            "stage_seconds": timings[:3],
+            "decodes": int(timings[3]),
             "pad_share": out.pad_share,
             "skipped": skipped,
         }
 
 
+def _unpack(key: Any) -> tuple[int, int, tuple]:
+    """(epoch, i, pool) from a sampler key; a bare index is epoch 0 without a pool."""
+    if isinstance(key, tuple):
+        return (key[0], key[1], key[2]) if len(key) == 3 else (key[0], key[1], ())
+    return 0, int(key), ()
+
+
 class EpochSampler(torch.utils.data.Sampler):
     """Yields ``(epoch, i)`` keys; shuffles with a generator seeded by (seed, epoch).
+
+    With ``pool`` > 1 each key also carries its pool: the aligned run of ``pool`` keys of
+    this rank's epoch order it belongs to (mosaic partners are drawn from it).
 
     Shards by rank for DDP (contiguous padding like DistributedSampler), so the stream of a
     rank depends only on (seed, epoch, rank, world size) — never on the worker count.
@@ -95,8 +164,8 @@ class EpochSampler(torch.utils.data.Sampler):
     stays the whole epoch's, as Lightning counts the batches already done itself.
     """
 
-    def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1):
-        self.size, self.seed, self.shuffle = size, seed, shuffle
+    def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1, pool: int = 0):
+        self.size, self.seed, self.shuffle, self.pool = size, seed, shuffle, pool
         self.rank, self.world_size, self.epoch = rank, world_size, 0
         self._resume: tuple[int, int] | None = None
 
@@ -117,8 +186,18 @@ class EpochSampler(torch.utils.data.Sampler):
         per_rank = len(self)
         order = np.resize(order, per_rank * self.world_size)  # pad by wrapping, as DistributedSampler
         mine = order[self.rank::self.world_size]
+        start = 0
         if self._resume is not None and self._resume[0] == self.epoch:
-            mine = mine[self._resume[1]:]
+            start = self._resume[1]
             self._resume = None
-        for i in mine:
-            yield (self.epoch, int(i))
+        if self.pool <= 1:
+            for i in mine[start:]:
+                yield (self.epoch, int(i))
+            return
+        # Pools are cut from the whole epoch order before skipping what a resumed run already
+        # consumed, so a resumed sample draws its partners from the same pool.
+        for p in range(start // self.pool, -(-len(mine) // self.pool)):
+            pool = tuple(int(j) for j in mine[p * self.pool:(p + 1) * self.pool])
+            for offset, i in enumerate(pool):
+                if p * self.pool + offset >= start:
+                    yield (self.epoch, i, pool)

@@ -6,7 +6,7 @@ Kept apart from ``flat_batch`` so that ``mode=plan`` can size workers without im
 from __future__ import annotations
 
 PAD_MULTIPLE = 32  # image height and width are padded to a multiple of this
-STATS_COLUMNS = ("read_s", "decode_s", "augment_s", "collate_s", "pad_share")
+STATS_COLUMNS = ("read_s", "decode_s", "augment_s", "collate_s", "pad_share", "decodes")
 
 
 def round_up(x: int, m: int = PAD_MULTIPLE) -> int:

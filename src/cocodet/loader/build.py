@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.utils.data
 
 from cocodet.config import UserError
-from cocodet.data.flat_batch import flatten
+from cocodet.data.flat_batch import PartJoiner, PartKeys, flatten
 from cocodet.loader.policy import LoaderPlan
 from cocodet.loader.worker import worker_init_fn
 
@@ -13,16 +13,78 @@ from cocodet.loader.worker import worker_init_fn
 def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sampler, batch_size: int,
                  plan: LoaderPlan, position: "StreamPosition | None" = None) -> torch.utils.data.DataLoader:
     """FlatBatch collate, worker hygiene and the plan's worker settings; batches never mix
-    epochs because the sampler's keys carry them (DESIGN §5). With a ``position``, a
-    :class:`ResumableLoader` that checkpoints where the stream stands."""
-    kwargs = dict(batch_size=batch_size, sampler=sampler, collate_fn=flatten, worker_init_fn=worker_init_fn,
-                  drop_last=False, **plan.dataloader_kwargs())
-    if position is not None:
-        return ResumableLoader(dataset, position=position, **kwargs)
-    return torch.utils.data.DataLoader(dataset, **kwargs)
+    epochs because the sampler's keys carry them (DESIGN §5). When the plan ships batches in
+    parts (``plan.part_images``), workers build parts and the loader joins them. With a
+    ``position``, a :class:`ResumableLoader` that checkpoints where the stream stands."""
+    kwargs = dict(collate_fn=flatten, worker_init_fn=worker_init_fn, **plan.dataloader_kwargs())
+    part = plan.part_images if plan.num_workers > 0 and plan.part_images else batch_size
+    kwargs["batch_sampler"] = PartedBatchSampler(sampler, batch_size, min(part, batch_size))
+    cls = ResumableLoader if position is not None else PartJoiningLoader
+    return cls(dataset, position=position, **kwargs)
 
 
-class ResumableLoader(torch.utils.data.DataLoader):
+class PartedBatchSampler(torch.utils.data.Sampler):
+    """Batches of ``batch_size`` keys (the last may be short), each yielded as parts of at
+    most ``part_size`` keys. Which keys form a batch never depends on the part size."""
+
+    def __init__(self, sampler: torch.utils.data.Sampler, batch_size: int, part_size: int):
+        self.sampler, self.batch_size, self.part_size = sampler, batch_size, part_size
+
+    def batches(self) -> int:
+        return -(-len(self.sampler) // self.batch_size)
+
+    def __len__(self) -> int:  # what torch counts: parts
+        full, rest = divmod(len(self.sampler), self.batch_size)
+        return full * -(-self.batch_size // self.part_size) + -(-rest // self.part_size)
+
+    def __iter__(self):
+        batch = []
+        for key in self.sampler:
+            batch.append(key)
+            if len(batch) == self.batch_size:
+                yield from self._split(batch)
+                batch = []
+        if batch:
+            yield from self._split(batch)
+
+    def _split(self, batch: list):
+        n = -(-len(batch) // self.part_size)
+        if n == 1:
+            yield batch
+            return
+        for k in range(n):
+            yield PartKeys(batch[k * self.part_size:(k + 1) * self.part_size], (k, n))
+
+
+class PartJoiningLoader(torch.utils.data.DataLoader):
+    """A DataLoader that yields whole batches when its workers ship them in parts: each part
+    fits the /dev/shm budget, and the joined batch lives in ordinary (or pinned) memory."""
+
+    def __init__(self, *args, position: "StreamPosition | None" = None, **kwargs):
+        super().__init__(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return self.batch_sampler.batches()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the key sampler's epoch (``sampler`` is torch's default when a batch sampler is given)."""
+        self.batch_sampler.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        parts_iter = super().__iter__()
+        if self.batch_sampler.part_size >= self.batch_sampler.batch_size:
+            return parts_iter
+        return self._joined(parts_iter)
+
+    def _joined(self, parts_iter):
+        joiner = PartJoiner(self.pin_memory)
+        for part in parts_iter:
+            batch = joiner.add(part)
+            if batch is not None:
+                yield batch
+
+
+class ResumableLoader(PartJoiningLoader):
     """The train DataLoader, stateful in Lightning's sense (``state_dict`` / ``load_state_dict``).
 
     ``position`` is the datamodule's count of batches the model consumed (not what the

@@ -34,6 +34,7 @@ class LoaderPlan:
     requested: int | None
     batch_size: int
     batch_bytes: int
+    part_images: int | None  # images per part when workers ship batches in parts (None: whole batches)
     prefetch_factor: int | None
     pin_memory: bool
     persistent_workers: bool
@@ -68,7 +69,8 @@ class LoaderPlan:
 
         rows = [
             ("workers", f"{self.num_workers} (source: {self.source}, requested: {self.requested})"),
-            ("batch", f"{self.batch_size} images, {mb(self.batch_bytes)} per FlatBatch"),
+            ("batch", f"{self.batch_size} images, {mb(self.batch_bytes)} per FlatBatch"
+                      + (f", shipped in parts of {self.part_images} images" if self.part_images else "")),
             ("prefetch / pin / persistent", f"{self.prefetch_factor} / {self.pin_memory} / {self.persistent_workers}"),
             ("in flight", f"{mb(self.inflight_bytes)}, {self.inflight_fds} fds/maps ({self.fds_per_batch} per batch)"),
             ("/dev/shm free / budget", f"{mb(self.shm_free_bytes)} / {mb(self.shm_budget_bytes)}"),
@@ -125,7 +127,8 @@ def _shm_budget(res: HostResources) -> int | None:
 
 def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes: int, prefetch_factor: int,
                 resources: HostResources, cuda: bool, pin_memory: bool | str = "auto",
-                persistent_workers: bool = True, worker_footprint_bytes: int | None = None) -> LoaderPlan:
+                persistent_workers: bool = True, worker_footprint_bytes: int | None = None,
+                part_images: int | None = None, partner_pool: int = 0) -> LoaderPlan:
     """Decide the worker count and DataLoader settings, recording every cap and warning.
 
     Args:
@@ -134,6 +137,10 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
         batch_bytes: bytes of one transported batch (see flat_batch.batch_bytes).
         resources: a HostResources snapshot (resources.probe()).
         cuda: batches go to a CUDA device (pin_memory="auto" pins only then).
+        part_images: ship batches in parts of this many images (None: whole batches, or parts
+            when not even one whole batch fits the shm budget).
+        partner_pool: the recipe's partner pool; planned parts are a multiple of it when
+            possible, so each part still decodes each image once.
     """
     if policy not in ("auto", "explicit", "inherited"):
         raise ValueError(f"unknown loader policy {policy!r}; choose auto, explicit or inherited")
@@ -148,8 +155,13 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
     cpus = resources.usable_cpus
     mem_room = resources.memory_available_bytes - MAIN_PROCESS_HEADROOM
 
+    per_image = batch_bytes / batch_size
+    if part_images is not None and part_images >= batch_size:
+        part_images = None
+    ship_bytes = batch_bytes if part_images is None else int(per_image * part_images)  # one shm transfer
+
     def shm_limit(prefetch: int) -> int | None:
-        return None if budget is None else budget // (prefetch * batch_bytes)
+        return None if budget is None else budget // (prefetch * ship_bytes)
 
     def mem_limit(prefetch: int) -> int:
         return max(0, mem_room // (footprint + prefetch * batch_bytes))
@@ -168,14 +180,30 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
             caps.append({"name": "shm", "limit": None, "applied": False, "reason": f"no shm filesystem at {resources.shm_path}: not capped"})
         else:
             applied = workers > max(1, limit)
-            reason = (f"workers x prefetch {prefetch_factor} x {batch_bytes / MiB:.1f} MiB <= half of "
+            reason = (f"workers x prefetch {prefetch_factor} x {ship_bytes / MiB:.1f} MiB <= half of "
                       f"{resources.shm_free_bytes / MiB:.1f} MiB free shm / {resources.local_world_size} ranks = {budget / MiB:.1f} MiB")
             if workers > 0 and limit == 0:
                 # Not even one worker's queue fits: shrink the queue before giving up on workers.
+                fit = int(budget // per_image)  # whole images that fit the budget at once
                 if shm_limit(1) >= 1:
                     prefetch_factor, applied = 1, True
                     reason += f"; one worker at prefetch {prefetch_factor} fits, so prefetch lowered to 1"
                     limit = 1
+                elif part_images is None and fit >= 1:
+                    # Ship each batch in parts that fit: one part per worker in flight. Parts
+                    # are whole partner pools when one fits (a part that splits a pool decodes
+                    # the partners it draws from the other part again), fewer workers if need be.
+                    if partner_pool > 1 and fit >= partner_pool:
+                        workers = min(workers, fit // partner_pool)
+                        part_images = (fit // workers) // partner_pool * partner_pool
+                    else:
+                        workers = min(workers, fit)
+                        part_images = fit // workers
+                    ship_bytes = int(per_image * part_images)
+                    prefetch_factor, applied, limit = 1, True, workers
+                    reason += (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds the budget, so workers ship it in "
+                               f"parts of {part_images} images ({ship_bytes / MiB:.1f} MiB) at prefetch 1, joined "
+                               f"before the step; --shm-size >= {-(-4 * batch_bytes // MiB)}m ships whole batches")
                 else:
                     reason += (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds the budget, so batches are "
                                f"loaded in the main process (no shm); give the container --shm-size >= "
@@ -193,16 +221,17 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
             workers = max(1, m)
 
     inflight_batches = workers * prefetch_factor
-    inflight_bytes = inflight_batches * batch_bytes
+    inflight_bytes = inflight_batches * ship_bytes
     inflight_fds = inflight_batches * TENSORS_PER_BATCH
     if policy == "explicit":
         if workers > cpus:
             warnings.append(f"{workers} workers on {cpus} usable CPUs: workers will contend for cores and each step may get slower")
         if budget is not None and workers > 0 and inflight_bytes > budget:
-            warnings.append(f"in-flight batches need {workers} x {prefetch_factor} x {batch_bytes / MiB:.1f} MiB = "
+            warnings.append(f"in-flight batches need {workers} x {prefetch_factor} x {ship_bytes / MiB:.1f} MiB = "
                             f"{inflight_bytes / MiB:.1f} MiB of shm but the budget is {budget / MiB:.1f} MiB "
                             f"({resources.shm_free_bytes / MiB:.1f} MiB free at {resources.shm_path}); expect 'Bus error' or "
-                            f"'No space left on device'. Fix: loader=auto, a lower loader.prefetch_factor, or --shm-size")
+                            f"'No space left on device'. Fix: loader=auto, a lower loader.prefetch_factor, "
+                            f"loader.part_images={max(1, int(budget // (workers * prefetch_factor * per_image)))}, or --shm-size")
         if workers > 0 and workers * (footprint + prefetch_factor * batch_bytes) > mem_room:
             warnings.append(f"{workers} workers x ~{(footprint + prefetch_factor * batch_bytes) / MiB:.0f} MiB may exceed the "
                             f"{resources.memory_available_bytes / MiB:.0f} MiB available; the OOM killer would end workers with SIGKILL")
@@ -216,6 +245,7 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
                         "the host's to raise)")
     return LoaderPlan(
         num_workers=workers, source=policy, requested=requested, batch_size=batch_size, batch_bytes=batch_bytes,
+        part_images=part_images if workers > 0 else None,
         prefetch_factor=prefetch_factor if workers > 0 else None,
         pin_memory=bool(cuda) if pin_memory == "auto" else bool(pin_memory),
         persistent_workers=bool(persistent_workers and workers > 0),
