@@ -37,16 +37,17 @@ def test_batch_digest_is_independent_of_workers_runs_and_policy(coco_tiny, tmp_p
 
 def test_batch_digest_is_independent_of_parts_and_pixel_cache(coco_tiny, tmp_path):
     """Batches of 8 shipped in parts of 3 (which split the partner pools of 8), and images
-    read from the pixel cache instead of decoded: the same stream as whole, decoded batches."""
+    read from the pixel cache instead of decoded: the same stream as whole, decoded batches.
+    25 batches span three epochs, which workers stream across (in-process loading does not)."""
     digests, decodes = {}, {}
     for name, extra in {"whole0": ["loader.num_workers=0"], "whole2": ["loader.num_workers=2"],
                         "parts1": ["loader.num_workers=1", "loader.part_images=3"],
                         "parts4": ["loader.num_workers=4", "loader.part_images=3"],
                         "ram": ["loader.num_workers=2", "dataset.cache=ram"],
                         "disk_parts": ["loader.num_workers=2", "dataset.cache=disk", "loader.part_images=5"]}.items():
-        s = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.batch_size=8", "bench.batches=10",
-                                      "bench.digest_batches=10", *extra), tmp_path / name)
-        assert s["digest_batches"] == 10 and s["examples"] == 80, (name, s["examples"])
+        s = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.batch_size=8", "bench.batches=25",
+                                      "bench.digest_batches=25", *extra), tmp_path / name)
+        assert s["digest_batches"] == 25 and s["examples"] == 200 and len(s["epochs"]) == 3, (name, s["examples"])
         assert (s["part_images"] is not None) == ("part_images=" in " ".join(extra))
         digests[name], decodes[name] = s["batch_digest"], s["decodes_per_sample"]
     assert len(set(digests.values())) == 1, digests

@@ -72,6 +72,9 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
     wait (its start-up) is also reported apart (``epoch_start_s``). ``batches=None`` measures
     whole epochs, ``epochs`` of them; otherwise ``epochs`` is the minimum number of epochs.
     """
+    # Probed first, while no worker runs: after the run, workers streaming into the next epoch
+    # would still be filling their queues and share the cores with the probe.
+    decode_ms = decode_probe(datamodule, decode_probe_images) if producer == "dataset" and decode_probe_images > 0 else None
     iters_per_ms = calibrate_spin(1.0) if "spin" in (consumer, producer) else 0
     if producer == "dataset":
         loader = datamodule.train_dataloader()
@@ -147,12 +150,10 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
     if len(per_epoch) > 1 and per_epoch[0]["worker_rss_mb"]:
         summary["worker_rss_growth"] = round(per_epoch[-1]["worker_rss_mb"] / per_epoch[0]["worker_rss_mb"] - 1, 4)
         summary["worker_uss_mb"] = per_epoch[-1]["worker_uss_mb"]
-    if producer == "dataset" and decode_probe_images > 0:
-        decode_ms = decode_probe(datamodule, decode_probe_images)
-        if decode_ms:
-            summary.update(decode_bounds(decode_ms, plan.usable_cpus, stats["decodes"]))
-            augment_ms = summary["stage_ms_per_sample"]["augment"]
-            summary["augment_vs_decode"] = round(augment_ms / decode_ms, 3)
+    if decode_ms:
+        summary.update(decode_bounds(decode_ms, plan.usable_cpus, stats["decodes"]))
+        augment_ms = summary["stage_ms_per_sample"]["augment"]
+        summary["augment_vs_decode"] = round(augment_ms / decode_ms, 3)
     summary.update({k: v for k, v in plan.summary().items() if k not in summary})
     return summary
 

@@ -137,7 +137,8 @@ class CocoDataModule(L.LightningDataModule):
                 sampler.set_epoch(self.position.epoch)
                 sampler.resume_at(self.position.epoch, self.position.batches * self.batch_size)
             self._resume_pending = False
-        return build_loader(self.train_set, sampler, self.batch_size, self.plan, position=self.position)
+        return build_loader(self.train_set, sampler, self.batch_size, self.plan, position=self.position,
+                            across_epochs=True)
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return build_loader(self.val_set, self._sampler(self.val_set, shuffle=False), self.val_batch_size, self.plan)

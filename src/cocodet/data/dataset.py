@@ -23,7 +23,7 @@ import torch.utils.data
 
 from cocodet.data.augment import Recipe
 from cocodet.data.coco import BadSampleError, CocoIndex, Source, load_resized
-from cocodet.data.flat_batch import PartKeys
+from cocodet.data.flat_batch import BatchKeys
 
 MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not worth continuing
 
@@ -95,8 +95,8 @@ class DetectionDataset(torch.utils.data.Dataset):
             samples = [self._sample(key, load, self._outputs[j]) for j, key in enumerate(keys)]
         else:
             samples = [self._sample(key, load) for key in keys]
-        part = getattr(keys, "part", None)
-        return PartKeys(samples, part) if part else samples  # the collate learns which part it builds
+        # The collate learns which part it builds and whether the batch ends its epoch.
+        return keys.with_samples(samples) if isinstance(keys, BatchKeys) else samples
 
     def _sample(self, key: Any, load, out: np.ndarray | None = None) -> dict:
         epoch, i, pool = _unpack(key)
@@ -170,7 +170,7 @@ class EpochSampler(torch.utils.data.Sampler):
         self._resume: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch = epoch  # the epoch Lightning (or the bench) asks for next
 
     def resume_at(self, epoch: int, keys_done: int) -> None:
         self._resume = (epoch, keys_done)
@@ -179,20 +179,24 @@ class EpochSampler(torch.utils.data.Sampler):
         return -(-self.size // self.world_size)
 
     def __iter__(self):
+        return self.epoch_keys(self.epoch)
+
+    def epoch_keys(self, epoch: int):
+        """The keys of ``epoch`` (past a pending ``resume_at`` of that epoch)."""
         if self.shuffle:
-            order = np.random.default_rng((self.seed, self.epoch, 2**62)).permutation(self.size)
+            order = np.random.default_rng((self.seed, epoch, 2**62)).permutation(self.size)
         else:
             order = np.arange(self.size)
         per_rank = len(self)
         order = np.resize(order, per_rank * self.world_size)  # pad by wrapping, as DistributedSampler
         mine = order[self.rank::self.world_size]
         start = 0
-        if self._resume is not None and self._resume[0] == self.epoch:
+        if self._resume is not None and self._resume[0] == epoch:
             start = self._resume[1]
             self._resume = None
         if self.pool <= 1:
             for i in mine[start:]:
-                yield (self.epoch, int(i))
+                yield (epoch, int(i))
             return
         # Pools are cut from the whole epoch order before skipping what a resumed run already
         # consumed, so a resumed sample draws its partners from the same pool.
@@ -200,4 +204,4 @@ class EpochSampler(torch.utils.data.Sampler):
             pool = tuple(int(j) for j in mine[p * self.pool:(p + 1) * self.pool])
             for offset, i in enumerate(pool):
                 if p * self.pool + offset >= start:
-                    yield (self.epoch, i, pool)
+                    yield (epoch, i, pool)

@@ -15,8 +15,9 @@ Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
     sample_stats [B, 6] float64       — STATS_COLUMNS: read, decode, augment, collate seconds, the pad
                                         share and the images decoded (measurement, DESIGN §6; never
                                         reaches the model)
-Plus ``skipped``: plain records of bad samples replaced in this batch (no tensors), and ``part``:
-(k, n) when this is part k of a batch shipped in n parts (joined by :func:`join_parts`).
+Plus ``skipped``: plain records of bad samples replaced in this batch (no tensors), ``part``:
+(k, n) when this is part k of a batch shipped in n parts (joined by :class:`PartJoiner`), and
+``epoch_end``: the last batch of its epoch (what a loader streaming across epochs stops at).
 """
 
 from __future__ import annotations
@@ -45,14 +46,20 @@ class FlatBatch(NamedTuple):
     sample_stats: torch.Tensor
     skipped: tuple = ()
     part: tuple = ()
+    epoch_end: bool = False
 
 
-class PartKeys(list):
-    """The keys of part k of n of one batch; the dataset hands ``part`` on to the collate."""
+class BatchKeys(list):
+    """The keys of one batch (or part k of n of it: ``part``), and whether it ends its epoch:
+    what the batch sampler knows and the collate needs. The dataset hands both on with the
+    samples (``with_samples``)."""
 
-    def __init__(self, keys, part: tuple[int, int]):
+    def __init__(self, keys, part: tuple = (), epoch_end: bool = False):
         super().__init__(keys)
-        self.part = part
+        self.part, self.epoch_end = part, epoch_end
+
+    def with_samples(self, samples: list) -> "BatchKeys":
+        return BatchKeys(samples, self.part, self.epoch_end)
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -133,6 +140,7 @@ def flatten(samples: list[dict]) -> FlatBatch:
         sample_stats=_from_numpy(stats, torch.float64),
         skipped=tuple(r for s in samples for r in s["skipped"]),
         part=getattr(samples, "part", ()),
+        epoch_end=getattr(samples, "epoch_end", False),
     )
 
 
@@ -150,7 +158,7 @@ class PartJoiner:
     def add(self, part: FlatBatch) -> FlatBatch | None:
         """Take one part; return the joined batch after the last part, else None."""
         if not part.part:
-            return part
+            return part  # a whole batch
         k, n = part.part
         images = part.images
         if self._images is None:
@@ -169,7 +177,7 @@ class PartJoiner:
         parts, images, filled = self._rest, self._images, self._filled
         self._images, self._filled, self._rest = None, 0, []
         return FlatBatch(images=images[:filled], skipped=tuple(r for p in parts for r in p.skipped),
-                         **{f: torch.cat([getattr(p, f) for p in parts]) for f in _SMALL})
+                         epoch_end=part.epoch_end, **{f: torch.cat([getattr(p, f) for p in parts]) for f in _SMALL})
 
 
 _SMALL = ("image_sizes", "boxes", "labels", "box_counts", "sample_keys", "to_original", "sample_stats")
