@@ -86,10 +86,11 @@ class EpochLoader(torch.utils.data.DataLoader):
 
     def __iter__(self):
         wanted, stream = self.batch_sampler.sampler.epoch, self._stream
-        if stream.batches is None or stream.next_epoch != wanted or not self.batch_sampler.across_epochs:
+        across = self.batch_sampler.across_epochs
+        if stream.batches is None or stream.next_epoch != wanted or not across:
             stream.batches = _joined(super().__iter__(), self.pin_memory)
         stream.next_epoch = None  # until this epoch is taken to its end
-        return _one_epoch(stream, wanted)
+        return _one_epoch(stream, wanted, across)
 
 
 class _Stream:
@@ -103,12 +104,15 @@ class _Stream:
         self.next_epoch: int | None = None
 
 
-def _one_epoch(stream: _Stream, epoch: int):
+def _one_epoch(stream: _Stream, epoch: int, across_epochs: bool):
     for batch in stream.batches:
         yield batch
-        if batch.epoch_end:
+        if batch.epoch_end and across_epochs:
             stream.next_epoch = epoch + 1
             return
+    # Not across epochs: the worker iterator was taken to its end, which lets torch shut
+    # non-persistent workers down now rather than when the next epoch replaces them.
+    stream.batches = None
 
 
 def _joined(parts_iter, pin_memory: bool):
