@@ -100,6 +100,7 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 def run(cfg: DictConfig) -> dict:
     validate(cfg)
     run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     raise_nofile_limit()
     plan, resources = build_plan(cfg)
     if cfg.mode == "plan":
@@ -113,6 +114,8 @@ def run(cfg: DictConfig) -> dict:
         summary = {"mode": "preview", "pngs": [str(p) for p in paths], **plan.summary()}
     elif cfg.mode == "bench":
         summary = bench(cfg, build_datamodule(cfg, plan, run_dir), plan)
+    elif cfg.mode in ("eval", "predict", "export"):
+        summary = use_checkpoint(cfg, build_datamodule(cfg, plan, run_dir), plan, run_dir)
     else:
         from cocodet.models.fit import fit, seed_model_init
 
@@ -123,6 +126,38 @@ def run(cfg: DictConfig) -> dict:
                       weights_only=bool(cfg.get("weights_only")), shm_path=str(cfg.loader.shm_path))
     write_summary(run_dir, summary)
     return summary
+
+
+def use_checkpoint(cfg: DictConfig, datamodule, plan: LoaderPlan, run_dir: Path) -> dict:
+    """mode=eval, predict or export: the configured model with a checkpoint's weights."""
+    from cocodet.inference.checkpoint import load_weights
+    from cocodet.loader.diagnose import explained_loader_failures
+
+    ckpt = resume_path(cfg, run_dir)
+    module = build_module(cfg, datamodule)
+    load_weights(module, ckpt, bool(cfg.get("weights_only")))
+    if cfg.mode == "export":
+        from cocodet.inference.export import export
+
+        return export(module, datamodule, fmt=str(cfg.export.format), model_name=str(cfg.model.detector.name),
+                      run_dir=run_dir, opset=int(cfg.export.opset))
+    with explained_loader_failures(plan, shm_path=str(cfg.loader.shm_path)):
+        if cfg.mode == "eval":
+            from cocodet.inference.evaluate import evaluate_checkpoint
+
+            return evaluate_checkpoint(build_trainer(cfg, run_dir), module, datamodule, ckpt, str(cfg.eval.split),
+                                       run_dir)
+        import torch
+
+        from cocodet.inference.predict import PredictSourceError, predict
+
+        if not cfg.predict.source:
+            raise PredictSourceError("mode=predict needs predict.source=<image folder or file>")
+        device = torch.device("cuda" if uses_cuda(cfg.trainer.get("accelerator", "auto")) else "cpu")
+        return predict(module, datamodule, plan, source=str(cfg.predict.source),
+                       score_threshold=float(cfg.predict.score_threshold), draw=bool(cfg.predict.draw),
+                       on_bad_sample=str(cfg.dataset.on_bad_sample), batch_size=int(cfg.loader.batch_size),
+                       run_dir=run_dir, device=device)
 
 
 def preflight(cfg: DictConfig, plan: LoaderPlan, resources: HostResources, run_dir: Path) -> dict:

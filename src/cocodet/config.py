@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-MODES = ("train", "bench", "plan", "preview")
+MODES = ("train", "bench", "plan", "preview", "eval", "predict", "export")
 
 
 class UserError(Exception):
@@ -63,6 +63,11 @@ RULES = (
     Rule("loader.part_images", _int(1), "an integer >= 1, or null to ship whole batches when they fit", optional=True),
     Rule("loader.pin_memory", _one_of("auto", True, False), "auto, true or false"),
     Rule("loader.worker_footprint_mb", _int(1), "an integer >= 1 (MiB), or null for the estimate", optional=True),
+    Rule("eval.split", _one_of("val", "train"), "val or train"),
+    Rule("predict.score_threshold", _number(0.0, 1.0), "a score in [0, 1]"),
+    Rule("predict.draw", _one_of(True, False), "true or false"),
+    Rule("export.format", _one_of("torchscript", "onnx"), "torchscript or onnx"),
+    Rule("export.opset", _int(9), "an ONNX opset >= 9"),
     Rule("checkpoint.every_n_steps", _int(0), "an integer >= 0 (0: checkpoints at epoch ends only)"),
     Rule("bench.batches", _int(1), "an integer >= 1, or null for whole epochs", optional=True),
     Rule("bench.warmup", _int(0), "an integer >= 0"),

@@ -308,8 +308,6 @@ def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None
     pixels. Raises BadSampleError like :func:`load_raw`; ``timings`` (read, decode) in seconds
     accumulate in place, the resize counting as decode.
     """
-    from cocodet.data.augment import letterbox_resize  # augment imports albumentations: only here
-
     path, image_id = str(index.paths[k]), int(index.image_ids[k])
     if index.problems[k]:
         raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
@@ -321,22 +319,32 @@ def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None
         raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
     t1 = time.perf_counter()
     jh, jw = (int(x) for x in index.sizes[k])
-    reduction = decode_reduction(data, (jh, jw), size)
     try:
-        image = decode_image(data, reduction)
+        resized, (orig_h, orig_w), scale = decode_resized(data, (jh, jw), size)
     except ValueError as e:
         raise BadSampleError(path, image_id, str(e)) from None
-    h, w = image.shape[:2]
-    expected = (jh, jw) if reduction == 1 else (-(-jh // reduction), -(-jw // reduction))  # libjpeg rounds up
-    if (jh, jw) != (0, 0) and (h, w) != expected:
-        raise BadSampleError(path, image_id, f"decoded size {h * reduction}x{w * reduction} differs from the "
-                                             f"annotation's {jh}x{jw}")
-    orig_h, orig_w = (jh, jw) if reduction > 1 else (h, w)
-    resized, r = letterbox_resize(image, size)
     t2 = time.perf_counter()
     if timings is not None:
         timings[0] += t1 - t0
         timings[1] += t2 - t1
     boxes, labels = _clip_targets(index, k, orig_h, orig_w)
-    scale = r / reduction
     return Source(resized, boxes * np.float32(scale), labels, (orig_h, orig_w), scale)
+
+
+def decode_resized(data: bytes, stored_hw: tuple[int, int], size: int) -> tuple[np.ndarray, tuple[int, int], float]:
+    """Image bytes -> (RGB image with long side ``size``, stored (h, w), scale stored -> output):
+    the reduced JPEG decode when the stored size (``(0, 0)``: unknown) allows it, then the one
+    letterbox resize. Raises ValueError with a reason (undecodable, or a decoded size that is
+    not the stored one). What training, validation, prediction and the pixel cache all use."""
+    from cocodet.data.augment import letterbox_resize  # augment imports albumentations: only here
+
+    jh, jw = stored_hw
+    reduction = decode_reduction(data, (jh, jw), size)
+    image = decode_image(data, reduction)
+    h, w = image.shape[:2]
+    expected = (jh, jw) if reduction == 1 else (-(-jh // reduction), -(-jw // reduction))  # libjpeg rounds up
+    if (jh, jw) != (0, 0) and (h, w) != expected:
+        raise ValueError(f"decoded size {h * reduction}x{w * reduction} differs from the annotation's {jh}x{jw}")
+    orig = (jh, jw) if reduction > 1 else (h, w)
+    resized, r = letterbox_resize(image, size)
+    return resized, orig, r / reduction

@@ -63,6 +63,7 @@ class CocoDataModule(L.LightningDataModule):
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
                                                        on_bad_sample, synthetic, cache_dir)
         self.val_ann_file = str(Path(root) / val_ann)
+        self.train_ann_file = str(Path(root) / train_ann)
         self.image_size, self.batch_size, self.seed, self.plan = image_size, batch_size, seed, plan
         self.val_batch_size = val_batch_size or batch_size
         if recipe.image_size != image_size:
@@ -91,6 +92,13 @@ class CocoDataModule(L.LightningDataModule):
         self._resume_pending = self._resume_next_epoch = False
         if verify:
             verify_indexes(self.train_index, self.val_index, self.run_dir or Path.cwd())
+
+    def validate_on_train_split(self) -> None:
+        """Make the validation loader read the train split (letterbox only): ``mode=eval
+        eval.split=train``."""
+        self.val_index, self.val_ann_file = self.train_index, self.train_ann_file
+        self.val_set = DetectionDataset(self.train_index, Letterbox(self.image_size), self.seed,
+                                        self.train_set.on_bad_sample, reuse_outputs=True)
 
     @property
     def num_classes(self) -> int:

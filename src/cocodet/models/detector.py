@@ -46,6 +46,7 @@ class DetectorModule(L.LightningModule):
         self._results: list[dict] = []
         self._image_ids: list[int] = []
         self.last_metrics: dict[str, float] = {}
+        self.last_coco_eval = None  # the last validation's COCOeval (mode=eval's tables and plot)
         self._resume_position: int | None = None
 
     def forward(self, images):
@@ -92,6 +93,7 @@ class DetectorModule(L.LightningModule):
             self._gt = load_ground_truth(self.val_ann_file)
         stats = evaluate(self._gt, results, image_ids)
         report = stats.pop("report", "")
+        self.last_coco_eval = stats.pop("coco_eval")
         if not self.trainer.sanity_checking:
             log.info("COCOeval (epoch %d, %d images, %d detections):\n%s", self.current_epoch, len(set(image_ids)),
                      len(results), report)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,8 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 STAT_NAMES = ("map", "map50", "map75", "map_small", "map_medium", "map_large")
+# COCOeval.stats in order: the six above, then average recall at 1/10/100 detections and by size.
+ALL_STAT_NAMES = STAT_NAMES + ("mar_1", "mar_10", "mar_100", "mar_small", "mar_medium", "mar_large")
 
 
 def load_ground_truth(ann_file: str | Path) -> COCO:
@@ -28,20 +31,24 @@ def to_original_frame(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
     return out
 
 
-def detections_to_coco(image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray, category_ids: np.ndarray) -> list[dict]:
-    """One COCO result record per detection (bbox as x, y, w, h)."""
+def detections_to_coco(image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray, category_ids: np.ndarray,
+                       decimals: int = 2) -> list[dict]:
+    """One COCO result record per detection (bbox as x, y, w, h, rounded to ``decimals``)."""
     xywh = boxes_xyxy.copy()
     xywh[:, 2:] -= xywh[:, :2]
     return [
-        {"image_id": int(image_id), "category_id": int(c), "bbox": [round(float(v), 2) for v in b], "score": float(s)}
+        {"image_id": int(image_id), "category_id": int(c), "bbox": [round(float(v), decimals) for v in b],
+         "score": float(s)}
         for b, s, c in zip(xywh, scores, category_ids)
     ]
 
 
 def evaluate(gt: COCO, results: list[dict], image_ids: list[int] | None = None) -> dict[str, float]:
-    """Run COCOeval (bbox) and return the six headline numbers; zeros when nothing was detected."""
+    """Run COCOeval (bbox) and return the twelve standard numbers (ALL_STAT_NAMES), the printed
+    report, and the COCOeval object (``coco_eval``, for per-category tables); zeros and None
+    when nothing was detected."""
     if not results:
-        return dict.fromkeys(STAT_NAMES, 0.0)
+        return {**dict.fromkeys(ALL_STAT_NAMES, 0.0), "coco_eval": None}
     with contextlib.redirect_stdout(io.StringIO()) as text:
         dt = gt.loadRes(results)
         ev = COCOeval(gt, dt, iouType="bbox")
@@ -50,6 +57,37 @@ def evaluate(gt: COCO, results: list[dict], image_ids: list[int] | None = None) 
         ev.evaluate()
         ev.accumulate()
         ev.summarize()
-    stats = {name: max(0.0, float(v)) for name, v in zip(STAT_NAMES, ev.stats[:6])}
+    stats = {name: max(0.0, float(v)) for name, v in zip(ALL_STAT_NAMES, ev.stats)}
     stats["report"] = text.getvalue()
+    stats["coco_eval"] = ev
     return stats
+
+
+def per_category_ap(ev: COCOeval, names: dict[int, str]) -> list[dict]:
+    """AP (IoU 0.50:0.95) and AP50 of each category, all areas, 100 detections, ranked by AP.
+    A category without ground truth in the evaluated images has no AP (None)."""
+    precision = ev.eval["precision"]  # [IoU thresholds, recall thresholds, categories, areas, max dets]
+    rows = []
+    for k, cat_id in enumerate(ev.params.catIds):
+        p = precision[:, :, k, 0, -1]
+        valid = p[p > -1]
+        p50 = p[0][p[0] > -1]
+        rows.append({"category_id": int(cat_id), "name": names.get(int(cat_id), str(cat_id)),
+                     "ap": round(float(valid.mean()), 4) if valid.size else None,
+                     "ap50": round(float(p50.mean()), 4) if p50.size else None})
+    return sorted(rows, key=lambda r: -1.0 if r["ap"] is None else r["ap"], reverse=True)
+
+
+def precision_recall(ev: COCOeval) -> dict[str, np.ndarray]:
+    """Precision at each of COCOeval's 101 recall thresholds, averaged over the categories
+    that have ground truth: at IoU 0.50, 0.75 and over 0.50:0.95 (all areas, 100 detections)."""
+    precision = ev.eval["precision"][:, :, :, 0, -1]  # [T, R, K]
+
+    def mean_over_categories(p: np.ndarray) -> np.ndarray:  # -1 marks "no ground truth"
+        masked = np.where(p > -1, p, np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a recall level no category reaches
+            return np.nan_to_num(np.nanmean(masked, axis=-1))
+
+    return {"recall": np.asarray(ev.params.recThrs), "iou50": mean_over_categories(precision[0]),
+            "iou75": mean_over_categories(precision[5]), "iou50_95": mean_over_categories(precision).mean(axis=0)}

@@ -1,0 +1,1 @@
+"""Using a trained checkpoint: ``mode=eval``, ``mode=predict``, ``mode=export``."""

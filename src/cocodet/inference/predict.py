@@ -1,0 +1,173 @@
+"""mode=predict: detections on a folder or file of images, through validation's decode and
+letterbox path, in batches with the loader plan's workers.
+
+Writes ``predictions.json`` (COCO results: original image frame, original category ids),
+``images.json`` (the id given to each file, its size), with ``predict.draw`` a PNG per
+image, and ``bad_samples.jsonl`` for files that could not be read (``dataset.on_bad_sample``).
+An image whose file name is in the dataset's val annotations gets that image id, so the
+results of a val folder can be scored by COCOeval directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+import torch.utils.data
+from PIL import Image
+from tqdm import tqdm
+
+from cocodet.bench.transfer import to_device
+from cocodet.config import UserError
+from cocodet.data.augment import Letterbox
+from cocodet.data.coco import BadSampleError, decode_resized
+from cocodet.data.dataset import EpochSampler
+from cocodet.data.flat_batch import restore
+from cocodet.loader.build import build_loader
+from cocodet.models.evaluation import detections_to_coco, to_original_frame
+
+log = logging.getLogger(__name__)
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
+
+
+class PredictSourceError(UserError):
+    """predict.source names nothing to predict on."""
+
+
+def list_images(source: str) -> list[Path]:
+    path = Path(source)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if files:
+            return files
+        raise PredictSourceError(f"predict.source={source}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in it")
+    raise PredictSourceError(f"predict.source={source} is neither a file nor a folder")
+
+
+def stored_size(path: Path) -> tuple[int, int]:
+    """(height, width) from the file header without decoding; (0, 0) when unreadable."""
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+        return h, w
+    except Exception:  # noqa: BLE001 - the decode that follows reports what is wrong
+        return 0, 0
+
+
+class ImageFolderDataset(torch.utils.data.Dataset):
+    """Files -> letterboxed samples in DetectionDataset's format (no targets). A file that
+    cannot be read becomes a grey sample with ``image_id`` -1 and a skip record
+    (``on_bad_sample=skip``), or raises BadSampleError (``raise``)."""
+
+    def __init__(self, files: list[Path], image_ids: list[int], image_size: int, on_bad_sample: str):
+        self.files, self.image_ids, self.on_bad_sample = files, image_ids, on_bad_sample
+        self.letterbox = Letterbox(image_size)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, key) -> dict:
+        epoch, i = key[0], key[1]
+        path = self.files[i]
+        t0 = time.perf_counter()
+        try:
+            data = path.read_bytes()
+            image, orig_hw, scale = decode_resized(data, stored_size(path), self.letterbox.image_size)
+        except (OSError, ValueError) as e:
+            error = BadSampleError(str(path), self.image_ids[i], getattr(e, "strerror", None) or str(e))
+            if self.on_bad_sample == "raise":
+                raise error from None
+            s = self.letterbox.image_size
+            image, orig_hw, scale = np.full((s, s, 3), 114, np.uint8), (s, s), 1.0
+            skipped = [{"epoch": epoch, "index": i, "image_id": error.image_id, "file": error.path,
+                        "reason": error.reason, "role": "sample"}]
+            image_id = -1
+        else:
+            skipped, image_id = [], self.image_ids[i]
+        decoded = time.perf_counter()
+        out = self.letterbox((image, np.zeros((0, 4), np.float32), np.zeros(0, np.int64)), None, [])
+        return {"image": out.image, "boxes": out.boxes, "labels": out.labels, "key": (epoch, i), "image_id": image_id,
+                "to_original": np.array([*orig_hw, scale * out.scale], np.float32),
+                "stage_seconds": np.array([0.0, decoded - t0, time.perf_counter() - decoded]),
+                "pad_share": out.pad_share, "skipped": skipped}
+
+
+def assign_ids(files: list[Path], known: dict[str, int]) -> list[int]:
+    """The val annotations' id for a known file name, else new ids above every known one."""
+    next_id = max(known.values(), default=0) + 1
+    ids = []
+    for f in files:
+        if f.name in known:
+            ids.append(known[f.name])
+        else:
+            ids.append(next_id)
+            next_id += 1
+    return ids
+
+
+def predict(module, datamodule, plan, *, source: str, score_threshold: float, draw: bool, on_bad_sample: str,
+            batch_size: int, run_dir: Path, device: torch.device) -> dict:
+    files = list_images(source)
+    known = {Path(str(p)).name: int(i) for p, i in zip(datamodule.val_index.paths, datamodule.val_index.image_ids)}
+    ids = assign_ids(files, known)
+    file_of = dict(zip(ids, files))
+    dataset = ImageFolderDataset(files, ids, datamodule.image_size, on_bad_sample)
+    loader = build_loader(dataset, EpochSampler(len(dataset), 0, shuffle=False), batch_size, plan)
+    model = module.model.to(device).eval()
+    names = dict(zip(module.category_ids.tolist(), datamodule.val_index.category_names))
+    results, bad = [], []
+    draw_dir = run_dir / "predictions"
+    if draw:
+        draw_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with torch.no_grad(), tqdm(total=len(files), desc="predict", unit="image") as bar:
+        for batch in loader:
+            bad.extend(batch.skipped)
+            images, targets = restore(to_device(batch, device))
+            outputs = model(images)
+            for image, out, target in zip(images, outputs, targets):
+                image_id = int(target["image_id"])
+                if image_id < 0:
+                    continue
+                keep = ((out["labels"] > 0) & (out["scores"] >= score_threshold)).cpu().numpy()
+                boxes_in = out["boxes"].float().cpu().numpy()[keep]
+                boxes = to_original_frame(boxes_in, target["to_original"].cpu().numpy())
+                scores = out["scores"].float().cpu().numpy()[keep]
+                category_ids = module.category_ids[out["labels"].cpu().numpy()[keep] - 1]
+                results.extend(detections_to_coco(image_id, boxes, scores, category_ids, decimals=4))
+                if draw:
+                    _draw(image, boxes_in, scores, category_ids, names, draw_dir / f"{file_of[image_id].stem}.png")
+            bar.update(len(images))
+    with open(run_dir / "predictions.json", "w") as f:
+        json.dump(results, f)
+    images_meta = [{"id": i, "file_name": str(p)} for p, i in zip(files, ids)]
+    (run_dir / "images.json").write_text(json.dumps(images_meta))
+    if bad:
+        with open(run_dir / "bad_samples.jsonl", "a") as f:
+            for record in bad:
+                f.write(json.dumps({"stage": "predict", **record}) + "\n")
+    log.info("predicted %d images (%d unreadable): %d detections >= %.2f in %s", len(files), len(bad), len(results),
+             score_threshold, run_dir / "predictions.json")
+    return {"mode": "predict", "images": len(files), "bad_images": len(bad), "detections": len(results),
+            "score_threshold": score_threshold, "predictions": str(run_dir / "predictions.json"),
+            "images_json": str(run_dir / "images.json"), "drawn": str(draw_dir) if draw else None,
+            "wall_s": round(time.perf_counter() - started, 2)}
+
+
+def _draw(image: torch.Tensor, boxes: np.ndarray, scores: np.ndarray, category_ids: np.ndarray, names: dict,
+          path: Path) -> None:
+    """The letterboxed input with its detections (boxes in that frame), as a PNG."""
+    canvas = cv2.cvtColor((image.cpu().permute(1, 2, 0).numpy() * 255).round().astype(np.uint8), cv2.COLOR_RGB2BGR)
+    for (x0, y0, x1, y1), score, cid in zip(boxes, scores, category_ids):
+        p0, p1 = (int(x0), int(y0)), (int(x1), int(y1))
+        cv2.rectangle(canvas, p0, p1, (0, 200, 255), 2)
+        cv2.putText(canvas, f"{names.get(int(cid), cid)} {score:.2f}", (p0[0], max(12, p0[1] - 4)),
+                    cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 200, 255), 1, cv2.LINE_AA)
+    cv2.imwrite(str(path), canvas)

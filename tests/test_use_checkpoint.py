@@ -1,0 +1,116 @@
+"""A trained checkpoint used three ways: mode=eval, mode=predict, mode=export (+ its standalone script).
+
+One short training run (module fixture) serves every test; the detector is weak after it,
+so predictions are taken at score 0 (all it outputs), which is what validation scores too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import run_in_process, run_train
+from cocodet.models.evaluation import evaluate, load_ground_truth
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from cocodet.data.synthetic import ensure_synthetic
+
+    base = tmp_path_factory.mktemp("use")
+    root = ensure_synthetic(base / "ds", seed=0, n_train=48, n_val=16)
+    data = [f"dataset.root={root}", "dataset.synthetic.n_train=48", "dataset.synthetic.n_val=16"]
+    _, s = run_train([*data, "trainer.max_epochs=2"], base / "train")
+    assert s["status"] == "completed" and s["last_ckpt"]
+    return {"root": root, "data": data, "summary": s, "ckpt": s["last_ckpt"], "base": base}
+
+
+def use(trained, mode: str, name: str, *extra) -> dict:
+    return run_in_process([*trained["data"], f"mode={mode}", f"ckpt_path={trained['ckpt']}", *extra],
+                          trained["base"] / name)
+
+
+def test_eval_reproduces_the_last_validation(trained):
+    s = use(trained, "eval", "eval")
+    train = trained["summary"]
+    assert train["map"] > 0
+    for key in ("map", "map50", "map75", "map_small", "map_medium", "map_large"):
+        assert s[key] == train[key], key
+    assert {"mar_1", "mar_10", "mar_100", "mar_large"} <= set(s) and s["images"] == 16
+    names = [r["name"] for r in s["per_category"]]
+    assert sorted(names) == ["circle", "square", "triangle"]
+    aps = [r["ap"] for r in s["per_category"]]
+    assert aps == sorted(aps, reverse=True)
+    csv = Path(s["per_category_csv"]).read_text().splitlines()
+    assert csv[0] == "rank,category_id,name,ap,ap50" and len(csv) == 4
+    png = cv2.imread(s["precision_recall_png"])
+    assert png is not None and png.std() > 5
+
+
+def test_predict_results_score_like_validation_and_standalone_export_matches(trained):
+    root = trained["root"]
+    s = use(trained, "predict", "predict", f"predict.source={root / 'val'}", "predict.score_threshold=0",
+            "predict.draw=true")
+    results = json.loads(Path(s["predictions"]).read_text())
+    assert s["images"] == 16 and s["bad_images"] == 0 and len(results) >= 50
+    gt = load_ground_truth(root / "annotations" / "instances_val.json")
+    assert evaluate(gt, results)["map"] == pytest.approx(trained["summary"]["map"], abs=1e-4)
+    assert len(list(Path(s["drawn"]).glob("*.png"))) == 16
+
+    e = use(trained, "export", "export")
+    meta = json.loads(Path(e["metadata"]).read_text())
+    assert meta["input"]["size"] == 128 and [c["name"] for c in meta["categories"]] == ["circle", "square", "triangle"]
+    images = json.loads(Path(s["images_json"]).read_text())[:4]
+    files = [im["file_name"] for im in images]
+    # A fresh interpreter that runs the shipped script and proves cocodet was never imported.
+    code = ("import runpy, sys; sys.argv = ['predict.py', '--model', sys.argv[1], *sys.argv[2:]]; "
+            "runpy.run_path(%r, run_name='__main__'); "
+            "assert not [m for m in sys.modules if m.startswith('cocodet')], 'cocodet was imported'") % e["predict_script"]
+    proc = subprocess.run([sys.executable, "-c", code, e["model_file"], *files], capture_output=True, text=True,
+                          timeout=300, cwd=Path(e["predict_script"]).parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    standalone = json.loads(proc.stdout)
+    compared = 0
+    for im in images:
+        ours = np.array([r["bbox"] for r in results if r["image_id"] == im["id"]])
+        theirs = np.array([r["bbox"] for r in standalone if r["file"] == im["file_name"]])
+        assert len(ours) == len(theirs) > 0
+        for box in theirs:  # each standalone box has its twin in mode=predict's results
+            assert np.abs(ours - box).max(axis=1).min() <= 1e-3
+            compared += 1
+    assert compared >= 50
+
+
+def test_predict_handles_corrupt_grayscale_and_huge_images(trained, tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 255, size=(3000, 4000, 3), dtype=np.uint8)
+    cv2.imwrite(str(folder / "huge.jpg"), big)
+    cv2.imwrite(str(folder / "gray.png"), rng.integers(0, 255, size=(90, 150), dtype=np.uint8))
+    good = cv2.imencode(".jpg", big[:200, :300])[1].tobytes()
+    (folder / "corrupt.jpg").write_bytes(good[: len(good) // 2])  # truncated
+    s = use(trained, "predict", "mixed", f"predict.source={folder}", "predict.score_threshold=0",
+            "dataset.on_bad_sample=skip")
+    assert s["images"] == 3 and s["bad_images"] == 1
+    results = json.loads(Path(s["predictions"]).read_text())
+    ids = {im["file_name"].rsplit("/", 1)[-1]: im["id"] for im in json.loads(Path(s["images_json"]).read_text())}
+    by_image = {i: [r for r in results if r["image_id"] == i] for i in ids.values()}
+    assert by_image[ids["corrupt.jpg"]] == [] and by_image[ids["huge.jpg"]] and by_image[ids["gray.png"]]
+    for r in by_image[ids["huge.jpg"]]:  # in the original 4000 x 3000 frame
+        x, y, w, h = r["bbox"]
+        assert 0 <= x <= x + w <= 4000 and 0 <= y <= y + h <= 3000
+    bad = [json.loads(line) for line in (trained["base"] / "mixed" / "bad_samples.jsonl").read_text().splitlines()]
+    assert bad[0]["file"].endswith("corrupt.jpg") and "truncated" in bad[0]["reason"]
+    from cocodet.data.coco import BadSampleError
+
+    with pytest.raises(BadSampleError, match="corrupt.jpg"):
+        use(trained, "predict", "mixed_raise", f"predict.source={folder}", "loader=explicit", "loader.num_workers=0")
