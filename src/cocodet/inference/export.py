@@ -66,5 +66,9 @@ def _export_onnx(model: torch.nn.Module, size: int, path: Path, opset: int) -> N
     except ImportError as e:
         raise ExportError("export.format=onnx needs the onnx extra: pip install '.[onnx]'") from e
     example = [torch.rand(3, size, size)]
+    with torch.no_grad():
+        keys = list(model(example)[0].keys())  # the detector's own output order (FCOS: boxes, scores, labels)
+    # The TorchScript-based exporter: torch.onnx's dynamo exporter does not trace torchvision's
+    # detection postprocessing (data-dependent NMS) in torch 2.14.
     torch.onnx.export(model, (example,), str(path), opset_version=opset, input_names=["image"],
-                      output_names=["boxes", "labels", "scores"], dynamo=False)
+                      output_names=keys, dynamo=False)

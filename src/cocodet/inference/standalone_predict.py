@@ -67,9 +67,11 @@ def load_runner(model_path: str):
         session = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
         name = session.get_inputs()[0].name
 
+        outputs = [o.name for o in session.get_outputs()]
+
         def run(x):
-            boxes, labels, scores = session.run(None, {name: x})
-            return boxes, labels, scores
+            out = dict(zip(outputs, session.run(None, {name: x})))
+            return out["boxes"], out["labels"], out["scores"]
         return run
     import torch
     import torchvision  # noqa: F401  (registers the ops the scripted detector calls: nms, roi_align)
