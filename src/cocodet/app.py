@@ -43,7 +43,8 @@ def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
                        prefetch_factor=int(loader.prefetch_factor), resources=resources, cuda=cuda,
                        pin_memory=loader.pin_memory, persistent_workers=bool(loader.persistent_workers),
                        worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
-                       part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)))
+                       part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)),
+                       timeout_s=float(loader.get("timeout", 0)))
     log.info("loader plan:\n%s", plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)

@@ -7,12 +7,15 @@ and a status that tells a mistake from a crash. Unexpected errors keep their tra
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 
 from omegaconf import DictConfig
 
 from cocodet.app import run
+from cocodet.loader.hang import stacks_dir
 
 
 def main(hydra_main) -> None:
@@ -22,6 +25,7 @@ def main(hydra_main) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing and exiting 1
+    atexit.register(shutil.rmtree, stacks_dir(), True)  # the workers' stack-dump files (loader/hang.py)
     try:
         hydra_main()
     except (HydraException, OmegaConfBaseException) as e:

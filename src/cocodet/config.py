@@ -60,6 +60,7 @@ RULES = (
     Rule("loader.val_batch_size", _int(1), "an integer >= 1, or null for batch_size", optional=True),
     Rule("loader.num_workers", _int(0), "an integer >= 0, or null for the policy's own count", optional=True),
     Rule("loader.prefetch_factor", _int(1), "an integer >= 1"),
+    Rule("loader.timeout", _number(0.0), "seconds >= 0 (0: no timeout)"),
     Rule("loader.part_images", _int(1), "an integer >= 1, or null to ship whole batches when they fit", optional=True),
     Rule("loader.pin_memory", _one_of("auto", True, False), "auto, true or false"),
     Rule("loader.worker_footprint_mb", _int(1), "an integer >= 1 (MiB), or null for the estimate", optional=True),

@@ -152,15 +152,26 @@ def spin(iterations: int) -> int:
     return acc
 
 
+_SPIN_UNITS: dict[float, int] = {}
+
+
 def calibrate_spin(target_ms: float = 1.0, repeats: int = 5) -> int:
-    """Iterations of ``spin`` that take ``target_ms`` on an idle core (best of ``repeats``)."""
+    """Iterations of ``spin`` that take ``target_ms`` on an idle core (best of ``repeats``).
+
+    Measured once per process: the jobs of a sweep (Hydra runs them one after another in one
+    process) then spin the same amount of work, so their ratios do not carry the calibration's
+    own noise (a neighbour busy during one job's calibration made its spin 30 % shorter).
+    """
+    if target_ms in _SPIN_UNITS:
+        return _SPIN_UNITS[target_ms]
     n = 200_000
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         spin(n)
         best = min(best, time.perf_counter() - t0)
-    return max(1, int(n * (target_ms / 1000.0) / best))
+    _SPIN_UNITS[target_ms] = max(1, int(n * (target_ms / 1000.0) / best))
+    return _SPIN_UNITS[target_ms]
 
 
 def storages_in(batch, shared_only: bool = False) -> int:

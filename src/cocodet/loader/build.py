@@ -6,6 +6,7 @@ import torch.utils.data
 
 from cocodet.config import UserError
 from cocodet.data.flat_batch import BatchKeys, PartJoiner, flatten
+from cocodet.loader.hang import watchdog
 from cocodet.loader.policy import LoaderPlan
 from cocodet.loader.worker import worker_init_fn
 
@@ -23,7 +24,7 @@ def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sa
     across_epochs = across_epochs and plan.num_workers > 0  # in-process loading has nothing to overlap
     kwargs["batch_sampler"] = EpochBatchSampler(sampler, batch_size, min(part, batch_size), across_epochs)
     cls = ResumableLoader if position is not None else EpochLoader
-    return cls(dataset, position=position, **kwargs)
+    return cls(dataset, position=position, plan_timeout=plan.timeout_s, **kwargs)
 
 
 class EpochBatchSampler(torch.utils.data.Sampler):
@@ -73,9 +74,10 @@ class EpochLoader(torch.utils.data.DataLoader):
     stopped epoch), so the batches are always those of the epoch asked for.
     """
 
-    def __init__(self, *args, position: "StreamPosition | None" = None, **kwargs):
+    def __init__(self, *args, position: "StreamPosition | None" = None, plan_timeout: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self._stream = _Stream()
+        self.plan_timeout = plan_timeout
 
     def __len__(self) -> int:
         return self.batch_sampler.batches()
@@ -90,7 +92,9 @@ class EpochLoader(torch.utils.data.DataLoader):
         if stream.batches is None or stream.next_epoch != wanted or not across:
             stream.batches = _joined(super().__iter__(), self.pin_memory)
         stream.next_epoch = None  # until this epoch is taken to its end
-        return _one_epoch(stream, wanted, across)
+        # Torch applies its timeout only with workers; in-process loading gets the watchdog.
+        watch = self.plan_timeout if self.num_workers == 0 else 0.0
+        return _one_epoch(stream, wanted, across, watch)
 
 
 class _Stream:
@@ -104,8 +108,9 @@ class _Stream:
         self.next_epoch: int | None = None
 
 
-def _one_epoch(stream: _Stream, epoch: int, across_epochs: bool):
-    for batch in stream.batches:
+def _one_epoch(stream: _Stream, epoch: int, across_epochs: bool, timeout_s: float = 0.0):
+    batches = stream.batches if timeout_s <= 0 else _watched(stream.batches, timeout_s)
+    for batch in batches:
         yield batch
         if batch.epoch_end and across_epochs:
             stream.next_epoch = epoch + 1
@@ -113,6 +118,16 @@ def _one_epoch(stream: _Stream, epoch: int, across_epochs: bool):
     # Not across epochs: the worker iterator was taken to its end, which lets torch shut
     # non-persistent workers down now rather than when the next epoch replaces them.
     stream.batches = None
+
+
+def _watched(batches, timeout_s: float):
+    """``batches`` with each ``next()`` under the in-process watchdog."""
+    while True:
+        with watchdog(timeout_s):
+            batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch
 
 
 def _joined(parts_iter, pin_memory: bool):

@@ -13,6 +13,7 @@ import re
 import signal
 from typing import Iterator
 
+from cocodet.loader.hang import worker_stacks
 from cocodet.loader.policy import MiB, LoaderPlan
 from cocodet.loader.resources import probe
 
@@ -43,9 +44,11 @@ LARGE_MAPPING = 64 << 10
 
 
 def classify(message: str) -> str | None:
-    """'shm', 'segments', 'memory', 'worker' (died, cause unknown), 'segfault' or None (not a
-    loader failure)."""
+    """'hang' (loader.timeout passed), 'shm', 'segments', 'memory', 'worker' (died, cause
+    unknown), 'segfault' or None (not a loader failure)."""
     text = message.lower()
+    if "dataloader timed out after" in text:
+        return "hang"
     mapping = _MMAP_SIZE.search(text)
     if mapping:
         return "shm" if int(mapping.group(1)) >= LARGE_MAPPING else "segments"
@@ -141,6 +144,19 @@ def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") 
                 f"{_fmt(res.memory_available_bytes)} ({res.memory_source}); the plan assumed "
                 f"{_fmt(plan.worker_footprint_bytes)} per worker. Check `dmesg | grep -i oom`. Fix: loader=auto "
                 f"(caps workers by memory), fewer workers, loader.prefetch_factor=1, or a smaller batch.")
+    elif kind == "hang":
+        stacks = worker_stacks()
+        shown = "\n".join(f"--- worker {pid} ---\n{text}" for pid, text in stacks.items()) or \
+            ("(no worker stacks: loading ran in the main process; its stack is in the original error below)"
+             if plan.num_workers == 0 else "(the workers did not answer SIGUSR1)")
+        body = (f"Likely cause: loading hung — no batch for loader.timeout={plan.timeout_s:g} s. Usual culprits: a "
+                f"read that never returns (a dead network mount, a FIFO or device file among the images, a stalled "
+                f"disk), a deadlock in a worker (a lock held across fork by a library), or a worker stopped by the "
+                f"OS. Where each worker was:\n{shown}\nFix the path or mount the stacks point at; raise "
+                f"loader.timeout if batches are legitimately that slow (0 disables it).")
+        hint = "" if plan.num_workers == 0 else \
+            "Reproduce in one process with loader=explicit loader.num_workers=0 (the watchdog then shows the main thread's stack)."
+        return f"{head}\n{body}\n{hint}\nOriginal error: {message}"
     elif kind == "segfault":
         body = ("Likely cause: native code crashed inside a worker (SIGSEGV), not a resource limit. Libraries that are "
                 "not fork-safe (a CUDA context or an OpenMP/BLAS thread pool created before the workers forked, some "

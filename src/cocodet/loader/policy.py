@@ -49,6 +49,7 @@ class LoaderPlan:
     memory_available_bytes: int
     worker_footprint_bytes: int
     footprint_source: str
+    timeout_s: float = 0.0  # seconds a batch may take before the loader fails (0: wait forever)
     caps: list[dict] = field(default_factory=list)  # every cap evaluated: name, limit, applied, reason
     warnings: list[str] = field(default_factory=list)
 
@@ -56,7 +57,8 @@ class LoaderPlan:
         """Arguments for torch's DataLoader; none that PyTorch rejects at num_workers=0."""
         kwargs = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers > 0:
-            kwargs.update(prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers)
+            kwargs.update(prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers,
+                          timeout=self.timeout_s)
         return kwargs
 
     def summary(self) -> dict:
@@ -128,7 +130,7 @@ def _shm_budget(res: HostResources) -> int | None:
 def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes: int, prefetch_factor: int,
                 resources: HostResources, cuda: bool, pin_memory: bool | str = "auto",
                 persistent_workers: bool = True, worker_footprint_bytes: int | None = None,
-                part_images: int | None = None, partner_pool: int = 0) -> LoaderPlan:
+                part_images: int | None = None, partner_pool: int = 0, timeout_s: float = 0.0) -> LoaderPlan:
     """Decide the worker count and DataLoader settings, recording every cap and warning.
 
     Args:
@@ -254,5 +256,6 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
         inflight_fds=inflight_fds if workers > 0 else 0, nofile_soft=resources.nofile_soft,
         max_map_count=resources.max_map_count, usable_cpus=cpus,
         memory_available_bytes=resources.memory_available_bytes, worker_footprint_bytes=footprint,
-        footprint_source="given" if worker_footprint_bytes else "estimated", caps=caps, warnings=warnings,
+        footprint_source="given" if worker_footprint_bytes else "estimated", timeout_s=float(timeout_s), caps=caps,
+        warnings=warnings,
     )

@@ -13,12 +13,15 @@ import cv2
 import numpy as np
 import torch
 
+from cocodet.loader.hang import register_stack_dump
+
 
 def worker_init_fn(worker_id: int) -> None:
     # N workers each running a full intra-op pool oversubscribe the cores N-fold.
     torch.set_num_threads(1)
     cv2.setNumThreads(0)  # OpenCV's own pool deadlocks/oversubscribes under fork
     cv2.ocl.setUseOpenCL(False)
+    register_stack_dump()  # a loader timeout can then show where this worker is stuck
     seed = torch.initial_seed() % 2**32  # base_seed + worker_id, set by the DataLoader
     random.seed(seed)
     np.random.seed(seed)
