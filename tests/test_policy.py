@@ -82,6 +82,14 @@ def test_requested_parts_count_against_the_budget():
     assert any("loader.part_images=" in w for w in p.warnings)
 
 
+def test_memory_cap_budgets_the_larger_val_batch():
+    room = MAIN_PROCESS_HEADROOM + 2 * 4 * (400 * MiB + 2 * 10 * MiB)
+    assert plan(batch_size=64, res=host(memory_available_bytes=room)).num_workers == 4
+    p = plan(batch_size=64, res=host(memory_available_bytes=room), val_batch_bytes=100 * MiB)
+    assert p.num_workers == 2  # 2 x 2 x (400 + 2 x 100) MiB fits, 3 would not
+    assert "100.0 MiB, the larger of the train and val batches" in cap(p, "memory")["reason"]
+
+
 def test_no_shm_filesystem_is_not_capped():
     p = plan(batch_size=64, res=host(shm_free_bytes=None, shm_total_bytes=None))
     assert p.num_workers == 8 and p.shm_budget_bytes is None
@@ -89,9 +97,12 @@ def test_no_shm_filesystem_is_not_capped():
 
 
 def test_memory_cap():
-    room = MAIN_PROCESS_HEADROOM + 3 * (400 * MiB + 2 * 10 * MiB)
+    # Persistent train and val workers are alive together: 3 of each fit.
+    room = MAIN_PROCESS_HEADROOM + 2 * 3 * (400 * MiB + 2 * 10 * MiB)
     p = plan(batch_size=64, res=host(memory_available_bytes=room))
-    assert p.num_workers == 3 and cap(p, "memory")["applied"]
+    assert p.num_workers == 3 and cap(p, "memory")["applied"] and "train + val" in cap(p, "memory")["reason"]
+    p = plan(batch_size=64, res=host(memory_available_bytes=room), persistent_workers=False)
+    assert p.num_workers == 6  # one set of workers at a time
     p = plan(batch_size=64, res=host(memory_available_bytes=MAIN_PROCESS_HEADROOM // 2))
     assert p.num_workers == 1  # floor one worker
 

@@ -44,7 +44,9 @@ def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
                        pin_memory=loader.pin_memory, persistent_workers=bool(loader.persistent_workers),
                        worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
                        part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)),
-                       timeout_s=float(loader.get("timeout", 0)))
+                       timeout_s=float(loader.get("timeout", 0)),
+                       val_batch_bytes=batch_bytes(int(loader.val_batch_size), int(cfg.dataset.image_size))
+                       if loader.get("val_batch_size") else None)
     log.info("loader plan:\n%s", plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)

@@ -130,7 +130,8 @@ def _shm_budget(res: HostResources) -> int | None:
 def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes: int, prefetch_factor: int,
                 resources: HostResources, cuda: bool, pin_memory: bool | str = "auto",
                 persistent_workers: bool = True, worker_footprint_bytes: int | None = None,
-                part_images: int | None = None, partner_pool: int = 0, timeout_s: float = 0.0) -> LoaderPlan:
+                part_images: int | None = None, partner_pool: int = 0, timeout_s: float = 0.0,
+                val_batch_bytes: int | None = None) -> LoaderPlan:
     """Decide the worker count and DataLoader settings, recording every cap and warning.
 
     Args:
@@ -143,6 +144,9 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
             when not even one whole batch fits the shm budget).
         partner_pool: the recipe's partner pool; planned parts are a multiple of it when
             possible, so each part still decodes each image once.
+        val_batch_bytes: bytes of one validation batch (None: the same as a train batch). The
+            memory cap budgets each worker's queue at the larger of the two, and, with
+            persistent workers, the train and the val workers, which are alive together.
     """
     if policy not in ("auto", "explicit", "inherited"):
         raise ValueError(f"unknown loader policy {policy!r}; choose auto, explicit or inherited")
@@ -165,8 +169,11 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
     def shm_limit(prefetch: int) -> int | None:
         return None if budget is None else budget // (prefetch * ship_bytes)
 
+    largest_batch = max(batch_bytes, val_batch_bytes or 0)
+    worker_sets = 2 if persistent_workers else 1  # persistent train and val workers live side by side
+
     def mem_limit(prefetch: int) -> int:
-        return max(0, mem_room // (footprint + prefetch * batch_bytes))
+        return max(0, mem_room // (worker_sets * (footprint + prefetch * largest_batch)))
 
     if policy == "explicit":
         workers = requested
@@ -216,7 +223,9 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
         m = mem_limit(prefetch_factor)
         applied = workers > max(1, m)
         caps.append({"name": "memory", "limit": m, "applied": applied,
-                     "reason": f"workers x ({footprint / MiB:.0f} MiB footprint + in-flight batches) <= "
+                     "reason": f"{'2 (train + val, persistent) x ' if worker_sets == 2 else ''}workers x "
+                               f"({footprint / MiB:.0f} MiB footprint + prefetch x {largest_batch / MiB:.1f} MiB, the "
+                               f"larger of the train and val batches) <= "
                                f"{resources.memory_available_bytes / MiB:.0f} MiB available ({resources.memory_source}) "
                                f"- {MAIN_PROCESS_HEADROOM / MiB:.0f} MiB main-process headroom"})
         if applied:
@@ -234,8 +243,9 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
                             f"({resources.shm_free_bytes / MiB:.1f} MiB free at {resources.shm_path}); expect 'Bus error' or "
                             f"'No space left on device'. Fix: loader=auto, a lower loader.prefetch_factor, "
                             f"loader.part_images={max(1, int(budget // (workers * prefetch_factor * per_image)))}, or --shm-size")
-        if workers > 0 and workers * (footprint + prefetch_factor * batch_bytes) > mem_room:
-            warnings.append(f"{workers} workers x ~{(footprint + prefetch_factor * batch_bytes) / MiB:.0f} MiB may exceed the "
+        if workers > 0 and worker_sets * workers * (footprint + prefetch_factor * largest_batch) > mem_room:
+            warnings.append(f"{worker_sets * workers} workers (train and val) x "
+                            f"~{(footprint + prefetch_factor * largest_batch) / MiB:.0f} MiB may exceed the "
                             f"{resources.memory_available_bytes / MiB:.0f} MiB available; the OOM killer would end workers with SIGKILL")
     if workers > 0 and inflight_fds + 64 > resources.nofile_soft:
         warnings.append(f"{inflight_fds} fds in flight near RLIMIT_NOFILE {resources.nofile_soft}: raise `ulimit -n`")
