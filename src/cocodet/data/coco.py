@@ -259,21 +259,26 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
     )
 
 
+def _read(index: CocoIndex, k: int) -> tuple[str, int, bytes]:
+    """(path, image id, file bytes) of image k; BadSampleError for a refused or unreadable file."""
+    path, image_id = str(index.paths[k]), int(index.image_ids[k])
+    if index.problems[k]:
+        raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
+    try:
+        with open(path, "rb") as f:
+            return path, image_id, f.read()
+    except OSError as e:
+        raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
+
+
 def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Read and decode image k; return (rgb image, xyxy boxes clipped to it, labels).
 
     Raises BadSampleError naming file, image id and reason. ``timings`` (read, decode) in
     seconds are accumulated in place when given.
     """
-    path, image_id = str(index.paths[k]), int(index.image_ids[k])
-    if index.problems[k]:
-        raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
     t0 = time.perf_counter()
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
+    path, image_id, data = _read(index, k)
     t1 = time.perf_counter()
     try:
         image = decode_image(data)
@@ -308,15 +313,8 @@ def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None
     pixels. Raises BadSampleError like :func:`load_raw`; ``timings`` (read, decode) in seconds
     accumulate in place, the resize counting as decode.
     """
-    path, image_id = str(index.paths[k]), int(index.image_ids[k])
-    if index.problems[k]:
-        raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
     t0 = time.perf_counter()
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
+    path, image_id, data = _read(index, k)
     t1 = time.perf_counter()
     jh, jw = (int(x) for x in index.sizes[k])
     try:

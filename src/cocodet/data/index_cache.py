@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -56,13 +57,24 @@ def cached_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, kee
     cache = Path(os.path.expanduser(str(cache_dir)))
     cache.mkdir(parents=True, exist_ok=True)
     folder = cache / f"index-{ann_file.stem}-{index_key(image_root, ann_file, keep_empty)}"
-    if not (folder / "meta.json").is_file():
-        with open(cache / f"{folder.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait, then read its result
-            if not (folder / "meta.json").is_file():
-                _write(build_index(image_root, ann_file, keep_empty=keep_empty), folder)
-                log.info("cached the index of %s in %s", ann_file, folder)
+
+    def build() -> None:
+        _write(build_index(image_root, ann_file, keep_empty=keep_empty), folder)
+        log.info("cached the index of %s in %s", ann_file, folder)
+
+    build_once(folder, build)
     return _read(folder)
+
+
+def build_once(folder: Path, build: Callable[[], None]) -> None:
+    """Run ``build`` (which writes ``folder/meta.json`` last) unless it is there: under an
+    exclusive flock, so concurrent ranks and sweep jobs build once and the others wait."""
+    if (folder / "meta.json").is_file():
+        return
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "meta.json").is_file():
+            build()
 
 
 def _write(index: CocoIndex, folder: Path) -> None:

@@ -19,7 +19,6 @@ when read, exactly as the uncached path would.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -34,6 +33,7 @@ from tqdm import tqdm
 
 from cocodet.config import UserError
 from cocodet.data.coco import BadSampleError, CocoIndex, Source, _clip_targets, load_resized
+from cocodet.data.index_cache import build_once
 
 log = logging.getLogger(__name__)
 PIXEL_FORMAT = 1  # bump when load_resized's output changes
@@ -147,12 +147,12 @@ def open_pixel_cache(index: CocoIndex, size: int, mode: str, cache_dir: str | os
     cache = Path(os.path.expanduser(str(cache_dir)))
     cache.mkdir(parents=True, exist_ok=True)
     folder = cache / f"pixels-{split}-{size}-{pixel_key(index, size)}"
-    if not (folder / "meta.json").is_file():
-        with open(cache / f"{folder.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait, then open its result
-            if not (folder / "meta.json").is_file():
-                check_space(mode, estimated_bytes(index, size), cache, split)
-                _build(index, size, folder, split, threads or os.cpu_count() or 1)
+
+    def build() -> None:
+        check_space(mode, estimated_bytes(index, size), cache, split)
+        _build(index, size, folder, split, threads or os.cpu_count() or 1)
+
+    build_once(folder, build)
     pixel_cache = PixelCache(folder)
     if mode == "ram":
         pixel_cache.preload()

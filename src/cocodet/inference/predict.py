@@ -10,6 +10,7 @@ results of a val folder can be scored by COCOeval directly.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import time
@@ -51,10 +52,10 @@ def list_images(source: str) -> list[Path]:
     raise PredictSourceError(f"predict.source={source} is neither a file nor a folder")
 
 
-def stored_size(path: Path) -> tuple[int, int]:
-    """(height, width) from the file header without decoding; (0, 0) when unreadable."""
+def stored_size(data: bytes) -> tuple[int, int]:
+    """(height, width) from the image header without decoding; (0, 0) when unreadable."""
     try:
-        with Image.open(path) as im:
+        with Image.open(io.BytesIO(data)) as im:
             w, h = im.size
         return h, w
     except Exception:  # noqa: BLE001 - the decode that follows reports what is wrong
@@ -79,7 +80,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         t0 = time.perf_counter()
         try:
             data = path.read_bytes()
-            image, orig_hw, scale = decode_resized(data, stored_size(path), self.letterbox.image_size)
+            image, orig_hw, scale = decode_resized(data, stored_size(data), self.letterbox.image_size)
         except (OSError, ValueError) as e:
             error = BadSampleError(str(path), self.image_ids[i], getattr(e, "strerror", None) or str(e))
             if self.on_bad_sample == "raise":
