@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cocodet.config import validate
 from cocodet.loader.policy import LoaderPlan, plan_loader, worker_request
+from cocodet.loader.replan import Replanner
 from cocodet.loader.resources import HostResources, local_ranks, probe, raise_nofile_limit, uses_cuda
 
 log = logging.getLogger(__name__)
@@ -30,27 +31,45 @@ def cli_overrides() -> list[str]:
 
 def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
     """Probe the host, then plan the workers for this rank (DESIGN §3)."""
-    from cocodet.data.flat_layout import batch_bytes
-
-    loader, cuda = cfg.loader, uses_cuda(cfg.trainer.get("accelerator", "auto"))
-    ranks = local_ranks(cfg.trainer.get("devices", 1), cuda)
-    resources = probe(shm_path=str(loader.shm_path), ranks_per_host=ranks)
-    policy, requested = worker_request(str(loader.policy), loader.get("num_workers"), list(loader.get("inherit_from", [])),
-                                       cli_overrides(), dict(os.environ))
-    footprint_mb = loader.get("worker_footprint_mb")
-    plan = plan_loader(policy, requested, batch_size=int(loader.batch_size),
-                       batch_bytes=batch_bytes(int(loader.batch_size), int(cfg.dataset.image_size)),
-                       prefetch_factor=int(loader.prefetch_factor), resources=resources, cuda=cuda,
-                       pin_memory=loader.pin_memory, persistent_workers=bool(loader.persistent_workers),
-                       worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
-                       part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)),
-                       timeout_s=float(loader.get("timeout", 0)),
-                       val_batch_bytes=batch_bytes(int(loader.val_batch_size), int(cfg.dataset.image_size))
-                       if loader.get("val_batch_size") else None)
+    policy, requested = worker_request(str(cfg.loader.policy), cfg.loader.get("num_workers"),
+                                       list(cfg.loader.get("inherit_from", [])), cli_overrides(), dict(os.environ))
+    resources = _probe(cfg)
+    plan = plan_loader(policy, requested, prefetch_factor=int(cfg.loader.prefetch_factor), resources=resources,
+                       **_plan_args(cfg))
     log.info("loader plan:\n%s", plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)
     return plan, resources
+
+
+def _probe(cfg: DictConfig) -> HostResources:
+    ranks = local_ranks(cfg.trainer.get("devices", 1), uses_cuda(cfg.trainer.get("accelerator", "auto")))
+    return probe(shm_path=str(cfg.loader.shm_path), ranks_per_host=ranks)
+
+
+def _plan_args(cfg: DictConfig) -> dict:
+    """plan_loader's arguments from the config, apart from the count, prefetch and host."""
+    from cocodet.data.flat_layout import batch_bytes
+
+    loader, size = cfg.loader, int(cfg.dataset.image_size)
+    footprint_mb = loader.get("worker_footprint_mb")
+    return dict(batch_size=int(loader.batch_size), batch_bytes=batch_bytes(int(loader.batch_size), size),
+                cuda=uses_cuda(cfg.trainer.get("accelerator", "auto")), pin_memory=loader.pin_memory,
+                persistent_workers=bool(loader.persistent_workers),
+                worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
+                part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)),
+                timeout_s=float(loader.get("timeout", 0)),
+                val_batch_bytes=batch_bytes(int(loader.val_batch_size), size) if loader.get("val_batch_size") else None)
+
+
+def build_replanner(cfg: DictConfig, plan: LoaderPlan) -> Replanner:
+    """loader.on_failure: the run's plan, and a smaller one planned against the host as
+    probed at the failure (``loader/replan.py``)."""
+    def plan_fn(workers: int, prefetch: int) -> LoaderPlan:
+        return plan_loader("inherited", workers, prefetch_factor=prefetch, resources=_probe(cfg), **_plan_args(cfg))
+
+    return Replanner(plan, plan_fn, on_failure=cfg.loader.get("on_failure"),
+                     max_replans=int(cfg.loader.get("max_replans", 3)), shm_path=str(cfg.loader.shm_path))
 
 
 def build_datamodule(cfg: DictConfig, plan: LoaderPlan, run_dir: Path):
@@ -59,7 +78,8 @@ def build_datamodule(cfg: DictConfig, plan: LoaderPlan, run_dir: Path):
     # (a dataclass) into a config node.
     datamodule = instantiate(cfg.dataset, _partial_=True, _convert_="all")
     return datamodule(recipe=recipe, batch_size=int(cfg.loader.batch_size), seed=int(cfg.seed), plan=plan,
-                      val_batch_size=cfg.loader.get("val_batch_size"), run_dir=str(run_dir))
+                      val_batch_size=cfg.loader.get("val_batch_size"), run_dir=str(run_dir),
+                      replanner=build_replanner(cfg, plan))
 
 
 def build_module(cfg: DictConfig, datamodule):

@@ -21,6 +21,7 @@ from cocodet.data.flat_batch import FlatBatch, chain_stream_digest, restore
 from cocodet.data.verify import verify_indexes
 from cocodet.loader.build import StreamPosition, build_loader
 from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.replan import Replanner
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class CocoDataModule(L.LightningDataModule):
         batch_size, val_batch_size: images per batch (val defaults to batch_size).
         seed: the data stream's seed (DESIGN §5).
         plan: the loader plan (worker count and settings) for this rank.
+        replanner: what to do when workers die of a resource (``loader/replan.py``); None:
+            never re-plan (failures propagate and are explained).
         keep_empty: keep train images without objects as negatives.
         on_bad_sample: "raise" or "skip" (replace deterministically and record).
         verify: decode every image once at start and report problems (``verify.json``).
@@ -58,13 +61,16 @@ class CocoDataModule(L.LightningDataModule):
                  image_size: int, recipe: Recipe, batch_size: int, seed: int, plan: LoaderPlan,
                  val_batch_size: int | None = None, keep_empty: bool = True, on_bad_sample: str = "raise",
                  verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
-                 cache: str = "none", run_dir: str | None = None):
+                 cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None):
         super().__init__()
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
                                                        on_bad_sample, synthetic, cache_dir)
         self.val_ann_file = str(Path(root) / val_ann)
         self.train_ann_file = str(Path(root) / train_ann)
-        self.image_size, self.batch_size, self.seed, self.plan = image_size, batch_size, seed, plan
+        self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
+        # The plan in force for both loaders; after a re-plan, the smaller one.
+        self.replanner = replanner or Replanner(plan)
+        self.replanner.step_fn = self._global_step
         self.val_batch_size = val_batch_size or batch_size
         if recipe.image_size != image_size:
             raise ValueError(f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}")
@@ -101,6 +107,13 @@ class CocoDataModule(L.LightningDataModule):
                                         self.train_set.on_bad_sample, reuse_outputs=True)
 
     @property
+    def plan(self) -> LoaderPlan:
+        return self.replanner.plan
+
+    def _global_step(self) -> int | None:
+        return int(self.trainer.global_step) if self.trainer is not None else None
+
+    @property
     def num_classes(self) -> int:
         return self.train_index.num_classes
 
@@ -135,6 +148,7 @@ class CocoDataModule(L.LightningDataModule):
         if self.position is None:
             self.position = self._new_position()
         sampler = self._sampler(self.train_set, shuffle=True)
+        start = None
         if self._resume_pending:
             # The iterator of the resumed epoch is created before Lightning calls set_epoch:
             # the sampler must already stand in the saved epoch, past what was consumed (or
@@ -143,13 +157,14 @@ class CocoDataModule(L.LightningDataModule):
                 sampler.set_epoch(self.position.epoch + 1)
             else:
                 sampler.set_epoch(self.position.epoch)
-                sampler.resume_at(self.position.epoch, self.position.batches * self.batch_size)
+                start = (self.position.epoch, self.position.batches)
             self._resume_pending = False
         return build_loader(self.train_set, sampler, self.batch_size, self.plan, position=self.position,
-                            across_epochs=True)
+                            across_epochs=True, replanner=self.replanner, stage="train", start=start)
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return build_loader(self.val_set, self._sampler(self.val_set, shuffle=False), self.val_batch_size, self.plan)
+        return build_loader(self.val_set, self._sampler(self.val_set, shuffle=False), self.val_batch_size, self.plan,
+                            replanner=self.replanner, stage="val")
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         """Bookkeeping on the host copy: reading device tensors back after the transfer would

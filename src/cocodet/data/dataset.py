@@ -159,21 +159,16 @@ class EpochSampler(torch.utils.data.Sampler):
 
     Shards by rank for DDP (contiguous padding like DistributedSampler), so the stream of a
     rank depends only on (seed, epoch, rank, world size) — never on the worker count.
-    Lightning calls ``set_epoch`` before each epoch. ``resume_at(epoch, n)`` makes the next
-    pass over that epoch start after its first n keys (exact mid-epoch resume); the length
-    stays the whole epoch's, as Lightning counts the batches already done itself.
+    Lightning calls ``set_epoch`` before each epoch. A resume or re-plan starts mid-epoch in
+    the batch sampler (``EpochBatchSampler.start_at``), which skips whole batches of these keys.
     """
 
     def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1, pool: int = 0):
         self.size, self.seed, self.shuffle, self.pool = size, seed, shuffle, pool
         self.rank, self.world_size, self.epoch = rank, world_size, 0
-        self._resume: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch  # the epoch Lightning (or the bench) asks for next
-
-    def resume_at(self, epoch: int, keys_done: int) -> None:
-        self._resume = (epoch, keys_done)
 
     def __len__(self) -> int:
         return -(-self.size // self.world_size)
@@ -182,7 +177,7 @@ class EpochSampler(torch.utils.data.Sampler):
         return self.epoch_keys(self.epoch)
 
     def epoch_keys(self, epoch: int):
-        """The keys of ``epoch`` (past a pending ``resume_at`` of that epoch)."""
+        """The keys of ``epoch`` for this rank."""
         if self.shuffle:
             order = np.random.default_rng((self.seed, epoch, 2**62)).permutation(self.size)
         else:
@@ -190,18 +185,11 @@ class EpochSampler(torch.utils.data.Sampler):
         per_rank = len(self)
         order = np.resize(order, per_rank * self.world_size)  # pad by wrapping, as DistributedSampler
         mine = order[self.rank::self.world_size]
-        start = 0
-        if self._resume is not None and self._resume[0] == epoch:
-            start = self._resume[1]
-            self._resume = None
         if self.pool <= 1:
-            for i in mine[start:]:
+            for i in mine:
                 yield (epoch, int(i))
             return
-        # Pools are cut from the whole epoch order before skipping what a resumed run already
-        # consumed, so a resumed sample draws its partners from the same pool.
-        for p in range(start // self.pool, -(-len(mine) // self.pool)):
+        for p in range(-(-len(mine) // self.pool)):
             pool = tuple(int(j) for j in mine[p * self.pool:(p + 1) * self.pool])
-            for offset, i in enumerate(pool):
-                if p * self.pool + offset >= start:
-                    yield (epoch, i, pool)
+            for i in pool:
+                yield (epoch, i, pool)

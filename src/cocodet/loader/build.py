@@ -9,33 +9,50 @@ from cocodet.data.flat_batch import BatchKeys, PartJoiner, flatten
 from cocodet.loader.hang import watchdog
 from cocodet.loader.policy import LoaderPlan
 from cocodet.loader.worker import worker_init_fn
+from cocodet.loader.worker_deaths import fetching
 
 
 def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sampler, batch_size: int,
-                 plan: LoaderPlan, position: "StreamPosition | None" = None,
-                 across_epochs: bool = False) -> torch.utils.data.DataLoader:
+                 plan: LoaderPlan, position: "StreamPosition | None" = None, across_epochs: bool = False,
+                 replanner: "Replanner | None" = None, stage: str = "",
+                 start: tuple[int, int] | None = None) -> torch.utils.data.DataLoader:
     """FlatBatch collate, worker hygiene and the plan's worker settings; batches never mix
     epochs because the sampler's keys carry them (DESIGN §5). When the plan ships batches in
     parts (``plan.part_images``), workers build parts and the loader joins them. With
     ``across_epochs``, workers run on into the next epoch instead of idling at each epoch's
-    end. With a ``position``, a :class:`ResumableLoader` that checkpoints where the stream stands."""
-    kwargs = dict(collate_fn=flatten, worker_init_fn=worker_init_fn, **plan.dataloader_kwargs())
-    part = plan.part_images if plan.num_workers > 0 and plan.part_images else batch_size
-    across_epochs = across_epochs and plan.num_workers > 0  # in-process loading has nothing to overlap
-    kwargs["batch_sampler"] = EpochBatchSampler(sampler, batch_size, min(part, batch_size), across_epochs)
+    end. With a ``position``, a :class:`ResumableLoader` that checkpoints where the stream
+    stands; ``start=(epoch, batches)`` begins that epoch after its first ``batches``. With a
+    ``replanner``, its plan (not ``plan``) is used, and workers that die of a resource are
+    replaced by a smaller plan that continues from the batch that failed (``stage`` names the
+    loader in the record)."""
+    plan = replanner.plan if replanner is not None else plan
+    batch_sampler = EpochBatchSampler(sampler, batch_size, batch_size, across_epochs)
+    if start is not None:
+        batch_sampler.start_at(*start)
     cls = ResumableLoader if position is not None else EpochLoader
-    return cls(dataset, position=position, plan_timeout=plan.timeout_s, **kwargs)
+    return cls(dataset, batch_sampler=batch_sampler, collate_fn=flatten, worker_init_fn=worker_init_fn,
+               plan=plan, replanner=replanner, stage=stage, across_epochs=across_epochs, position=position,
+               **plan.dataloader_kwargs())
 
 
 class EpochBatchSampler(torch.utils.data.Sampler):
     """Batches of ``batch_size`` keys (an epoch's last may be short), each yielded as parts of at
     most ``part_size`` keys; the last batch of an epoch is marked. Which keys form a batch never
     depends on the part size. ``across_epochs``: after the epoch asked for (the sampler's
-    ``epoch``), the batches of the following epochs, without end."""
+    ``epoch``), the batches of the following epochs, without end. ``start_at(epoch, n)``: the
+    next pass begins that epoch at its batch n (a resume, a re-plan)."""
 
     def __init__(self, sampler: torch.utils.data.Sampler, batch_size: int, part_size: int, across_epochs: bool = False):
         self.sampler, self.batch_size, self.part_size = sampler, batch_size, part_size
         self.across_epochs = across_epochs
+        self._start: tuple[int, int] | None = None
+
+    def start_at(self, epoch: int, batches: int) -> None:
+        self._start = (epoch, batches)
+
+    def first_batch(self, epoch: int) -> int:
+        """The batch of ``epoch`` the next pass begins at."""
+        return self._start[1] if self._start is not None and self._start[0] == epoch else 0
 
     def batches(self) -> int:
         """Batches in a whole epoch."""
@@ -47,13 +64,15 @@ class EpochBatchSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         epoch = self.sampler.epoch
+        skip, self._start = self.first_batch(epoch), None
         while True:
+            # Whole batches are skipped from the whole epoch's keys, so pools stay as cut.
             keys = list(self.sampler.epoch_keys(epoch))
-            for start in range(0, len(keys), self.batch_size):
+            for start in range(skip * self.batch_size, len(keys), self.batch_size):
                 yield from self._split(keys[start:start + self.batch_size], start + self.batch_size >= len(keys))
             if not self.across_epochs:
                 return
-            epoch += 1
+            epoch, skip = epoch + 1, 0
 
     def _split(self, batch: list, epoch_end: bool):
         n = -(-len(batch) // self.part_size)
@@ -72,12 +91,20 @@ class EpochLoader(torch.utils.data.DataLoader):
     of the loading time). Each ``iter()`` continues that stream when the epoch asked for
     (``set_epoch``) is the one it stands at, and starts a new one otherwise (a resume, a
     stopped epoch), so the batches are always those of the epoch asked for.
+
+    Re-plan: with a ``replanner``, a wait that fails because workers died of a resource shuts
+    the workers down, takes the replanner's smaller plan and starts a new stream at the batch
+    that failed; a loader that finds the replanner's plan changed by another loader takes it
+    at its next ``iter()``. A dead worker is noticed at the loader's own wait
+    (``worker_deaths``), never in the middle of a training step.
     """
 
-    def __init__(self, *args, position: "StreamPosition | None" = None, plan_timeout: float = 0.0, **kwargs):
+    def __init__(self, *args, plan: LoaderPlan, replanner: "Replanner | None" = None, stage: str = "",
+                 across_epochs: bool = False, position: "StreamPosition | None" = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._stream = _Stream()
-        self.plan_timeout = plan_timeout
+        self.replanner, self.stage, self._across_asked = replanner, stage, across_epochs
+        self._adopt(plan)
 
     def __len__(self) -> int:
         return self.batch_sampler.batches()
@@ -86,48 +113,105 @@ class EpochLoader(torch.utils.data.DataLoader):
         """Set the key sampler's epoch (``sampler`` is torch's default when a batch sampler is given)."""
         self.batch_sampler.sampler.set_epoch(epoch)
 
+    def worker_pids(self) -> list[int]:
+        """The pids of the workers now loading (none in-process or between streams)."""
+        return [w.pid for w in _workers(self._stream.iterator)]
+
     def __iter__(self):
+        if self.replanner is not None and self.replanner.plan is not self.plan:
+            self._shut_down()  # another loader of this run re-planned: take its plan
+            self._adopt(self.replanner.plan)
         wanted, stream = self.batch_sampler.sampler.epoch, self._stream
-        across = self.batch_sampler.across_epochs
-        if stream.batches is None or stream.next_epoch != wanted or not across:
-            stream.batches = _joined(super().__iter__(), self.pin_memory)
+        first = 0
+        if stream.batches is None or stream.next_epoch != wanted or not self.batch_sampler.across_epochs:
+            first = self.batch_sampler.first_batch(wanted)
+            self._start_stream()
         stream.next_epoch = None  # until this epoch is taken to its end
+        return self._one_epoch(wanted, first)
+
+    def _adopt(self, plan: LoaderPlan) -> None:
+        """Take ``plan``'s worker settings (the stream must be shut down)."""
+        self.plan, self.num_workers = plan, plan.num_workers
+        self.prefetch_factor = plan.prefetch_factor if plan.num_workers > 0 else None
         # Torch applies its timeout only with workers; in-process loading gets the watchdog.
-        watch = self.plan_timeout if self.num_workers == 0 else 0.0
-        return _one_epoch(stream, wanted, across, watch)
+        self.timeout = plan.timeout_s if plan.num_workers > 0 else 0
+        self.plan_timeout = plan.timeout_s
+        sampler = self.batch_sampler
+        part = plan.part_images if plan.num_workers > 0 and plan.part_images else sampler.batch_size
+        sampler.part_size = min(part, sampler.batch_size)
+        sampler.across_epochs = self._across_asked and plan.num_workers > 0  # in-process has nothing to overlap
+
+    def _start_stream(self) -> None:
+        self._stream.iterator = super().__iter__()
+        self._stream.batches = _joined(self._stream.iterator, self.pin_memory)
+
+    def _shut_down(self) -> None:
+        """End the worker stream (the workers of a failed one, after a re-plan elsewhere)."""
+        iterator = self._stream.iterator
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+            # Batches that arrived ahead of the failed one hold shm until dropped.
+            getattr(iterator, "_task_info", {}).clear()
+        self._iterator = None  # torch's persistent iterator: the next one is built for the new plan
+        self._stream.iterator = self._stream.batches = None
+
+    def _one_epoch(self, epoch: int, batch: int):
+        """The batches of ``epoch`` from its batch ``batch`` on. Holds the loader only while the
+        epoch runs; the loader never holds this generator (see _Stream)."""
+        stream = self._stream
+        while True:
+            failure = None
+            try:
+                item = self._fetch()
+            except Exception as error:
+                failure = self.replanner.failure(error) if self.replanner is not None else None
+                if failure is None:
+                    raise
+            if failure is not None:  # out of the except block: the error's frames are released
+                self._shut_down()
+                self._adopt(self.replanner.replan(*failure, self.stage, epoch, batch))
+                self.batch_sampler.sampler.set_epoch(epoch)
+                self.batch_sampler.start_at(epoch, batch)
+                self._start_stream()
+                continue
+            if item is None:
+                break
+            batch += 1
+            yield item
+            if item.epoch_end and self.batch_sampler.across_epochs:
+                stream.next_epoch = epoch + 1
+                return
+        # Not across epochs: the worker iterator was taken to its end, which lets torch shut
+        # non-persistent workers down now rather than when the next epoch replaces them.
+        stream.batches = stream.iterator = None
+
+    def _fetch(self):
+        """The next batch of the stream (None at its end), noticing dead workers and hangs."""
+        stream = self._stream
+        workers = _workers(stream.iterator)
+        if workers:
+            with fetching(workers):
+                return next(stream.batches, None)
+        if self.num_workers == 0 and self.plan_timeout > 0:
+            with watchdog(self.plan_timeout):
+                return next(stream.batches, None)
+        return next(stream.batches, None)
+
+
+def _workers(iterator) -> list:
+    return list(getattr(iterator, "_workers", None) or [])
 
 
 class _Stream:
-    """The running batch stream and the epoch it delivers next. Apart from the loader, so the
-    generators do not reference it: a loader in a reference cycle is freed by the garbage
-    collector, which closes the workers' queues before the workers are told to stop (each
-    then takes torch's 5 s shutdown timeout)."""
+    """The running batch stream (torch's iterator and the joined batches) and the epoch it
+    delivers next. Apart from the loader, so the stream does not reference it: a loader in a
+    reference cycle is freed by the garbage collector, which closes the workers' queues before
+    the workers are told to stop (each then takes torch's 5 s shutdown timeout)."""
 
     def __init__(self):
+        self.iterator = None
         self.batches = None
         self.next_epoch: int | None = None
-
-
-def _one_epoch(stream: _Stream, epoch: int, across_epochs: bool, timeout_s: float = 0.0):
-    batches = stream.batches if timeout_s <= 0 else _watched(stream.batches, timeout_s)
-    for batch in batches:
-        yield batch
-        if batch.epoch_end and across_epochs:
-            stream.next_epoch = epoch + 1
-            return
-    # Not across epochs: the worker iterator was taken to its end, which lets torch shut
-    # non-persistent workers down now rather than when the next epoch replaces them.
-    stream.batches = None
-
-
-def _watched(batches, timeout_s: float):
-    """``batches`` with each ``next()`` under the in-process watchdog."""
-    while True:
-        with watchdog(timeout_s):
-            batch = next(batches, None)
-        if batch is None:
-            return
-        yield batch
 
 
 def _joined(parts_iter, pin_memory: bool):
@@ -150,7 +234,7 @@ class ResumableLoader(EpochLoader):
     """
 
     def __init__(self, *args, position: "StreamPosition", **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, position=position, **kwargs)
         self.position = position
 
     def state_dict(self) -> dict:

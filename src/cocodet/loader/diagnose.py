@@ -72,6 +72,10 @@ def worker_signals(error: BaseException) -> dict[int, str]:
     their exit codes (-N for signal N).
     """
     found: dict[int, str] = {}
+    chained: BaseException | None = error
+    while chained is not None:  # our own fetch check names them (worker_deaths.WorkerDied)
+        found.update(getattr(chained, "worker_signals", {}))
+        chained = chained.__cause__ or chained.__context__
     for owner in _failed_iterators(error):
         for w in getattr(owner, "_workers", []):
             if w.exitcode is None:
@@ -113,15 +117,25 @@ def _forget_workers(error: BaseException) -> None:
 _SIGNAL_KIND = {"SIGBUS": "shm", "SIGKILL": "memory", "SIGSEGV": "segfault"}
 
 
+def failure_kind(error: BaseException) -> str | None:
+    """classify() of the error; when a worker was ended by a signal that names its cause
+    (SIGKILL: memory, SIGBUS: shm, SIGSEGV: segfault), the signal decides: a worker killed
+    while sending a batch also breaks the transfer, whose message ("received 0 items of
+    ancdata", "connection reset") alone would read as an fd problem or an unknown death."""
+    kind = classify(f"{type(error).__name__}: {error}")
+    if kind is None or kind == "hang":
+        return kind
+    signals = worker_signals(error)
+    return next((_SIGNAL_KIND[s] for s in signals.values() if s in _SIGNAL_KIND), kind)
+
+
 def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") -> str | None:
     """A diagnosis for ``error`` with numbers measured now, or None when it is not a loader failure."""
     message = f"{type(error).__name__}: {error}"
-    kind = classify(message)
+    kind = failure_kind(error)
     if kind is None:
         return None
     signals = worker_signals(error)
-    if kind == "worker":
-        kind = next((_SIGNAL_KIND[s] for s in signals.values() if s in _SIGNAL_KIND), kind)
     res = probe(shm_path=shm_path)
     named = re.search(r"killed by signal: ([A-Za-z ]+)", message)
     what = ", ".join(f"worker {pid} ended by {sig}" for pid, sig in signals.items()) or \

@@ -67,6 +67,8 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "stream_position": datamodule.position.state_dict() if datamodule.position else None,
         "precision": str(trainer.precision),
         "plan": plan.summary(),
+        "on_failure": datamodule.replanner.on_failure,
+        "replans": datamodule.replanner.records,
     }
 
 

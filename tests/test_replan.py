@@ -1,0 +1,161 @@
+"""loader.on_failure=replan: workers that die of a resource are replaced by a smaller plan
+that continues from the exact batch, with real workers and real signals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import pytest
+from conftest import REPO, run_train
+from cocodet.data.flat_batch import chain_stream_digest
+from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
+from cocodet.loader.policy import plan_loader
+from cocodet.loader.replan import Replanner, next_rung
+from cocodet.loader.resources import probe
+from test_loader_faults import coco640, needs_root, shm_namespace
+from test_policy import host
+
+ENV = {"PYTHONPATH": str(REPO / "tests")}
+
+
+def datamodule(root, workers: int, **replanner_args):
+    """A datamodule on the synthetic set (48 train images, batch 4) whose plan has ``workers``
+    (inherited: re-plans by default) and a replanner that plans against this host."""
+    from cocodet.data.augment import build_recipe
+    from cocodet.data.datamodule import CocoDataModule
+
+    def plan_fn(n: int, prefetch: int):
+        return plan_loader("inherited", n, 4, 1 << 20, prefetch, probe(), cuda=False)
+
+    plan = plan_fn(workers, 2)
+    return CocoDataModule(str(root), "train", "annotations/instances_train.json", "val", "annotations/instances_val.json",
+                          image_size=64, recipe=build_recipe("mosaic", 64), batch_size=4, seed=0, plan=plan,
+                          replanner=Replanner(plan, plan_fn, **replanner_args))
+
+
+def stream(loader, epochs: int, kill_at: int | None = None, sig: signal.Signals = signal.SIGKILL) -> str:
+    """Digest of every batch of ``epochs`` epochs; SIGKILL a worker after batch ``kill_at``."""
+    digest, k = "", 0
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            digest = chain_stream_digest(digest, batch)
+            if k == kill_at:
+                os.kill(loader.worker_pids()[0], sig)
+            k += 1
+    return digest
+
+
+def shut_down(loader) -> None:
+    with contextlib.suppress(Exception):
+        loader._shut_down()
+
+
+@pytest.mark.parametrize("sig,cause", [(signal.SIGKILL, "memory"), (signal.SIGBUS, "shm")])
+def test_killed_worker_is_replaced_and_the_stream_continues_exactly(synthetic_root, sig, cause):
+    reference = stream(datamodule(synthetic_root, 0).train_dataloader(), epochs=2)
+    dm = datamodule(synthetic_root, 2)
+    loader = dm.train_dataloader()
+    try:
+        digest = stream(loader, epochs=2, kill_at=4, sig=sig)  # mid-epoch 0 (12 batches per epoch)
+    finally:
+        shut_down(loader)
+    assert digest == reference
+    [record] = dm.replanner.records
+    assert record["cause"] == cause and record["stage"] == "train" and record["epoch"] == 0
+    assert record["old_workers"] == 2 and record["new_workers"] == 1 and 5 <= record["batch"] <= 8
+    assert dm.plan.num_workers == 1 and dm.plan.source == "replan"
+    # The val loader, built after the re-plan, loads with the smaller plan.
+    assert dm.val_dataloader().num_workers == 1
+
+
+def test_on_failure_defaults_to_raise_for_explicit_counts_only():
+    res = probe()
+    explicit = plan_loader("explicit", 2, 4, 1 << 20, 2, res, cuda=False)
+    assert Replanner(explicit).on_failure == "raise"
+    assert Replanner(explicit, on_failure="replan").on_failure == "replan"
+    for policy in ("auto", "inherited"):
+        assert Replanner(plan_loader(policy, 2, 4, 1 << 20, 2, res, cuda=False)).on_failure == "replan"
+
+
+def test_on_failure_raise_ends_in_the_diagnosis(synthetic_root):
+    dm = datamodule(synthetic_root, 2, on_failure="raise")
+    loader = dm.train_dataloader()
+    try:
+        with pytest.raises(LoaderFailure, match="ended by SIGKILL"):
+            with explained_loader_failures(dm.plan):
+                stream(loader, epochs=1, kill_at=2)
+    finally:
+        shut_down(loader)
+    assert dm.replanner.records == [] and dm.plan.num_workers == 2
+
+
+def test_gives_up_after_max_replans(synthetic_root):
+    dm = datamodule(synthetic_root, 2, max_replans=0)
+    loader = dm.train_dataloader()
+    try:
+        with pytest.raises(LoaderFailure, match=r"Gave up after loader.max_replans=0 re-plans"):
+            stream(loader, epochs=1, kill_at=2)
+    finally:
+        shut_down(loader)
+
+
+def test_a_samples_own_exception_is_never_retried():
+    plan = plan_loader("auto", None, 4, 1 << 20, 2, probe(), cuda=False)
+    replanner = Replanner(plan, lambda n, p: pytest.fail("re-planned a sample's own error"))
+    own = RuntimeError("Caught BadSampleError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
+                       "last):\n  ...\ncocodet.data.coco.BadSampleError: train2017/x.jpg: cannot decode")
+    hang = RuntimeError("DataLoader timed out after 20 seconds")
+    segv = RuntimeError("DataLoader worker (pid 7) is killed by signal: Segmentation fault.")
+    for error in (own, hang, segv, ValueError("a bug in a recipe")):
+        assert replanner.failure(error) is None
+    assert replanner.failure(RuntimeError("DataLoader worker (pid 7) is killed by signal: Killed."))[0] == "memory"
+    assert replanner.failure(RuntimeError("unable to mmap 336 bytes from file </torch_1>"))[0] == "segments"
+    assert replanner.records == []
+
+
+def test_the_ladder_is_fewer_workers_then_prefetch_one_then_in_process():
+    res = host()  # 8 CPUs, ample shm and memory: no cap cuts a rung short
+    rungs, plan = [], plan_loader("explicit", 8, 8, 1 << 20, 4, res, cuda=False)
+    while (rung := next_rung(plan)) is not None:
+        rungs.append(rung)
+        plan = plan_loader("inherited", rung[0], 8, 1 << 20, rung[1], res, cuda=False)
+    assert rungs == [(4, 4), (2, 4), (1, 4), (1, 1), (0, 1)]
+
+
+@pytest.mark.slow
+@needs_root
+def test_explicit_over_budget_in_64mb_shm_replans_and_keeps_the_stream(coco_tiny, tmp_path):
+    # 640 px batches of 64 (75 MiB each) cannot fit a 64 MB /dev/shm at all; the detector
+    # resizes to 64 px inside, so the steps are cheap and the data path is the real one.
+    args = [*coco640(coco_tiny), "+model.detector.min_size=64", "+model.detector.max_size=64", "trainer.max_epochs=2",
+            "trainer.enable_progress_bar=false"]
+    _, plain = run_train([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
+    proc, s = run_train([*args, "loader=explicit", "loader.num_workers=4", "loader.on_failure=replan"],
+                        tmp_path / "replan", prefix=shm_namespace(), timeout=900)
+    assert s["status"] == "completed" and s["steps"] == plain["steps"] == 4
+    assert s["stream_digest"] == plain["stream_digest"]
+    first = s["replans"][0]
+    assert first["cause"] == "shm" and first["stage"] == "train" and first["step"] == 0 and first["batch"] == 0
+    assert first["old_workers"] == 4 and 1 <= first["new_workers"] < 4
+    assert "64.0 MiB in all" in first["diagnosis"]
+    out = proc.stdout + proc.stderr
+    assert "loader re-plan 1/3 at step 0 (train epoch 0, batch 0): workers died of shm" in out
+    assert "Old plan: 4 workers, prefetch 2, whole batches. New plan: " in out and "/dev/shm ran out" in out
+
+
+@pytest.mark.slow
+def test_sigkilled_worker_in_auto_plan_continues_and_is_recorded(coco_tiny, tmp_path):
+    args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8",
+            "trainer.max_epochs=2", "+trainer.limit_val_batches=2", "trainer.enable_progress_bar=false"]
+    _, plain = run_train([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
+    kill = ["+callbacks.kill._target_=signal_at_step.KillWorkerAtStep", "+callbacks.kill.step=13"]
+    _, s = run_train([*args, *kill], tmp_path / "killed", env=ENV)
+    assert s["status"] == "completed" and s["steps"] == plain["steps"] == 20
+    assert s["plan"]["source"] == "auto" and s["on_failure"] == "replan"
+    [record] = s["replans"]
+    assert record["cause"] == "memory" and record["stage"] == "train" and record["epoch"] == 1
+    assert record["old_workers"] == s["plan"]["num_workers"] and 13 <= record["step"] <= 15
+    assert s["stream_digest"] == plain["stream_digest"]
