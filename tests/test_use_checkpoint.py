@@ -120,3 +120,24 @@ def test_predict_handles_corrupt_grayscale_and_huge_images(trained, tmp_path):
 
     with pytest.raises(BadSampleError, match="corrupt.jpg"):
         use(trained, "predict", "mixed_raise", f"predict.source={folder}", "loader=explicit", "loader.num_workers=0")
+
+
+def test_two_rank_validation_equals_one_process(trained):
+    """COCOeval on rank 0 over both ranks' detections, padded repeat removed: the numbers of
+    one process, on a val set that does not divide by two (15 of the 16 images)."""
+    gt = json.loads((trained["root"] / "annotations" / "instances_val.json").read_text())
+    keep = {im["id"] for im in gt["images"][:15]}
+    gt["images"] = [im for im in gt["images"] if im["id"] in keep]
+    gt["annotations"] = [a for a in gt["annotations"] if a["image_id"] in keep]
+    subset = trained["base"] / "instances_val15.json"
+    subset.write_text(json.dumps(gt))
+    common = [*trained["data"], "mode=eval", f"ckpt_path={trained['ckpt']}", f"dataset.val_ann={subset}",
+              "trainer.enable_progress_bar=false"]
+    _, one = run_train(common, trained["base"] / "eval1")
+    proc, two = run_train([*common, "trainer=ddp_cpu"], trained["base"] / "eval2", timeout=900)
+    assert one["map"] > 0 and one["images"] == two["images"] == 15
+    assert one["padded_repeats_removed"] == 0 and two["padded_repeats_removed"] == 1
+    for key in ("map", "map50", "map75", "map_small", "map_medium", "map_large", "mar_100"):
+        assert round(two[key], 4) == round(one[key], 4), key
+    assert two["per_category"] == one["per_category"]
+    assert sum(ln.startswith("{") for ln in proc.stdout.splitlines()) == 1

@@ -36,10 +36,22 @@ def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
     resources = _probe(cfg)
     plan = plan_loader(policy, requested, prefetch_factor=int(cfg.loader.prefetch_factor), resources=resources,
                        **_plan_args(cfg))
-    log.info("loader plan:\n%s", plan.table())
+    log.info("loader plan%s:\n%s", _rank_label(plan.local_ranks), plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)
     return plan, resources
+
+
+def _rank_label(local_ranks: int) -> str:
+    """' for rank R (local L of N, node K)' once a run has more than one process. Lightning
+    sets these variables in the ranks it launches; the launching process is rank 0."""
+    env = os.environ
+    node = int(env.get("NODE_RANK", env.get("GROUP_RANK", env.get("SLURM_NODEID", "0"))) or 0)
+    local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")) or 0)
+    rank = int(env.get("RANK", env.get("SLURM_PROCID", node * local_ranks + local)) or 0)
+    if local_ranks <= 1 and node == 0 and rank == 0:
+        return ""
+    return f" for rank {rank} (local rank {local} of {local_ranks} on this host, node {node})"
 
 
 def _probe(cfg: DictConfig) -> HostResources:
@@ -147,8 +159,15 @@ def run(cfg: DictConfig) -> dict:
         module = build_module(cfg, datamodule)
         summary = fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=resume_path(cfg, run_dir),
                       weights_only=bool(cfg.get("weights_only")), shm_path=str(cfg.loader.shm_path))
-    write_summary(run_dir, summary)
+    if _global_rank() == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
+        write_summary(run_dir, summary)
     return summary
+
+
+def _global_rank() -> int:
+    from lightning.pytorch.utilities import rank_zero_only
+
+    return int(getattr(rank_zero_only, "rank", 0) or 0)
 
 
 def use_checkpoint(cfg: DictConfig, datamodule, plan: LoaderPlan, run_dir: Path) -> dict:

@@ -82,8 +82,10 @@ class LoaderTimingCallback(L.Callback):
                             "a leak or copy-on-read in the dataset; mode=bench bench.epochs=N shows it per epoch")
             self._worker_rss = rss
         self.epochs.append(stats)
+        # Across ranks the logged value is the ranks' mean; the log line and summary are this rank's.
         pl_module.log_dict({f"loader/{k}": float(v) for k, v in stats.items()
-                            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)})
+                            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)},
+                           sync_dist=trainer.world_size > 1)
         log.info("loader epoch %d: %s", trainer.current_epoch, stats)
 
     def _alarm(self, kind: str, text: str) -> None:

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 
 from cocodet.bench.transfer import TransferTimer, to_device
@@ -95,6 +96,7 @@ class CocoDataModule(L.LightningDataModule):
         # every checkpoint, so a resumed run continues with exactly the remaining batches.
         self.position: StreamPosition | None = None
         self.stream_digest = ""
+        self.consumed: dict[int, list[np.ndarray]] = {}  # epoch -> the dataset indices the model took
         self._resume_pending = self._resume_next_epoch = False
         if verify:
             verify_indexes(self.train_index, self.val_index, self.run_dir or Path.cwd())
@@ -199,6 +201,25 @@ class CocoDataModule(L.LightningDataModule):
         if self.position is not None:
             self.position.advance(epoch)
         self.stream_digest = chain_stream_digest(self.stream_digest, batch)
+        self.consumed.setdefault(epoch, []).append(batch.sample_keys[:, 1].numpy().copy())
+
+    def ddp_summary(self) -> dict:
+        """What every rank consumed, gathered: per-rank stream digests, and over the epochs
+        this run trained, how many train indices were taken, how many of them distinct, and
+        how many were the sampler's padded repeats. Collective: every rank must call it."""
+        world = self.trainer.world_size if self.trainer is not None else 1
+        mine = {"digest": self.stream_digest, "consumed": {e: np.concatenate(a) for e, a in self.consumed.items()}}
+        ranks = [mine]
+        if world > 1:
+            ranks = [None] * world
+            torch.distributed.all_gather_object(ranks, mine)
+        taken = unique = 0
+        for epoch in sorted({e for r in ranks for e in r["consumed"]}):
+            indices = np.concatenate([r["consumed"].get(epoch, np.empty(0, np.int64)) for r in ranks])
+            taken, unique = taken + len(indices), unique + len(np.unique(indices))
+        return {"world_size": world, "train_images": len(self.train_set), "train_consumed": taken,
+                "train_unique": unique, "train_padded": taken - unique,
+                "stream_digests": [r["digest"] for r in ranks]}
 
     def record_batch(self, batch: FlatBatch, stage: str, epoch: int) -> None:
         """Count seen/replaced samples; append replaced ones to bad_samples.jsonl."""

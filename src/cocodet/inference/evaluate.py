@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lightning as L
 
+from cocodet.models.fit import finish_ranks
 from cocodet.models.evaluation import ALL_STAT_NAMES, per_category_ap, precision_recall
 
 log = logging.getLogger(__name__)
@@ -21,14 +22,18 @@ def evaluate_checkpoint(trainer: L.Trainer, module, datamodule, ckpt_path: str, 
         datamodule.validate_on_train_split()
         module.val_ann_file = datamodule.val_ann_file
     trainer.validate(module, datamodule=datamodule, verbose=False)
+    finish_ranks(trainer)
     ev = module.last_coco_eval
     stats = module.last_metrics
     names = dict(zip(datamodule.val_index.category_ids.tolist(), datamodule.val_index.category_names))
     summary = {"mode": "eval", "checkpoint": str(ckpt_path), "split": split,
                **{k: round(float(stats.get(k, 0.0)), 4) for k in ALL_STAT_NAMES}}
+    if not trainer.is_global_zero:  # COCOeval ran on rank 0, which writes the tables
+        return summary
+    summary.update(images=module.val_images_evaluated, padded_repeats_removed=module.val_repeats_removed)
     if ev is None:
         log.warning("no detections on the %s split: every AP is 0", split)
-        return {**summary, "per_category": [], "images": 0}
+        return {**summary, "per_category": []}
     rows = per_category_ap(ev, names)
     csv_path = run_dir / "per_category_ap.csv"
     with open(csv_path, "w", newline="") as f:
@@ -38,7 +43,7 @@ def evaluate_checkpoint(trainer: L.Trainer, module, datamodule, ckpt_path: str, 
             writer.writerow({"rank": rank, **row})
     log.info("per-category AP (%s split, ranked):\n%s", split, _table(rows))
     png = _plot_pr(precision_recall(ev), run_dir / "precision_recall.png", summary)
-    return {**summary, "images": len(ev.params.imgIds), "per_category": rows, "per_category_csv": str(csv_path),
+    return {**summary, "per_category": rows, "per_category_csv": str(csv_path),
             "precision_recall_png": str(png)}
 
 

@@ -50,6 +50,8 @@ class LoaderPlan:
     worker_footprint_bytes: int
     footprint_source: str
     timeout_s: float = 0.0  # seconds a batch may take before the loader fails (0: wait forever)
+    local_ranks: int = 1  # processes of this run on this host: they share its CPUs, /dev/shm and memory
+    host_cpus: int | None = None  # this host's CPUs for the run (affinity, quota), before dividing among ranks
     caps: list[dict] = field(default_factory=list)  # every cap evaluated: name, limit, applied, reason
     warnings: list[str] = field(default_factory=list)
 
@@ -75,9 +77,12 @@ class LoaderPlan:
                       + (f", shipped in parts of {self.part_images} images" if self.part_images else "")),
             ("prefetch / pin / persistent", f"{self.prefetch_factor} / {self.pin_memory} / {self.persistent_workers}"),
             ("in flight", f"{mb(self.inflight_bytes)}, {self.inflight_fds} fds/maps ({self.fds_per_batch} per batch)"),
-            ("/dev/shm free / budget", f"{mb(self.shm_free_bytes)} / {mb(self.shm_budget_bytes)}"),
-            ("usable CPUs", str(self.usable_cpus)),
-            ("memory available", f"{mb(self.memory_available_bytes)}; worker footprint {mb(self.worker_footprint_bytes)} ({self.footprint_source})"),
+            ("local ranks on this host", str(self.local_ranks)),
+            ("CPUs: host / per rank", f"{self.host_cpus} / {self.usable_cpus}"),
+            ("/dev/shm: host free / rank budget", f"{mb(self.shm_free_bytes)} / {mb(self.shm_budget_bytes)}"),
+            ("memory: host available / per rank", f"{mb(self.memory_available_bytes)} / "
+                                                  f"{mb(self.memory_available_bytes // max(1, self.local_ranks))}; "
+                                                  f"worker footprint {mb(self.worker_footprint_bytes)} ({self.footprint_source})"),
             ("RLIMIT_NOFILE / vm.max_map_count", f"{self.nofile_soft} / {self.max_map_count}"),
         ]
         for cap in self.caps:
@@ -159,7 +164,9 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
     warnings: list[str] = []
     budget = _shm_budget(resources)
     cpus = resources.usable_cpus
-    mem_room = resources.memory_available_bytes - MAIN_PROCESS_HEADROOM
+    ranks = max(1, resources.local_world_size)
+    # Each local rank plans alone, so each gets its share of the host's memory.
+    mem_room = resources.memory_available_bytes // ranks - MAIN_PROCESS_HEADROOM
 
     per_image = batch_bytes / batch_size
     if part_images is not None and part_images >= batch_size:
@@ -227,6 +234,7 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
                                f"({footprint / MiB:.0f} MiB footprint + prefetch x {largest_batch / MiB:.1f} MiB, the "
                                f"larger of the train and val batches) <= "
                                f"{resources.memory_available_bytes / MiB:.0f} MiB available ({resources.memory_source}) "
+                               f"{f'/ {ranks} local ranks ' if ranks > 1 else ''}"
                                f"- {MAIN_PROCESS_HEADROOM / MiB:.0f} MiB main-process headroom"})
         if applied:
             workers = max(1, m)
@@ -266,6 +274,8 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
         inflight_fds=inflight_fds if workers > 0 else 0, nofile_soft=resources.nofile_soft,
         max_map_count=resources.max_map_count, usable_cpus=cpus,
         memory_available_bytes=resources.memory_available_bytes, worker_footprint_bytes=footprint,
-        footprint_source="given" if worker_footprint_bytes else "estimated", timeout_s=float(timeout_s), caps=caps,
+        footprint_source="given" if worker_footprint_bytes else "estimated", timeout_s=float(timeout_s),
+        local_ranks=ranks, host_cpus=min(resources.affinity_cpus, int(resources.cgroup_cpus or resources.affinity_cpus)),
+        caps=caps,
         warnings=warnings,
     )

@@ -43,9 +43,10 @@ class DetectorModule(L.LightningModule):
         self.eval_max_images = eval_max_images
         self.category_ids = np.asarray(category_ids, dtype=np.int64)
         self._gt = None
-        self._results: list[dict] = []
-        self._image_ids: list[int] = []
+        self._by_image: dict[int, list[dict]] = {}  # this rank's detections of each val image
         self.last_metrics: dict[str, float] = {}
+        self.val_images_evaluated = 0  # distinct images in the last COCOeval (padded repeats removed)
+        self.val_repeats_removed = 0
         self.last_coco_eval = None  # the last validation's COCOeval (mode=eval's tables and plot)
         self._resume_position: int | None = None
 
@@ -63,13 +64,13 @@ class DetectorModule(L.LightningModule):
         return loss
 
     def on_validation_epoch_start(self):
-        self._results, self._image_ids = [], []
+        self._by_image = {}
 
     def validation_step(self, batch, batch_idx):
         images, targets = batch
-        if self.eval_max_images is not None and len(self._image_ids) >= self.eval_max_images:
+        if self.eval_max_images is not None and len(self._by_image) >= self.eval_max_images:
             return
-        room = None if self.eval_max_images is None else self.eval_max_images - len(self._image_ids)
+        room = None if self.eval_max_images is None else self.eval_max_images - len(self._by_image)
         images, targets = images[:room], targets[:room]
         outputs = self.model(images)
         for out, target in zip(outputs, targets):
@@ -78,28 +79,43 @@ class DetectorModule(L.LightningModule):
             boxes = to_original_frame(out["boxes"].float().cpu().numpy()[keep], target["to_original"].cpu().numpy())
             labels = out["labels"].cpu().numpy()[keep]
             image_id = int(target["image_id"])
-            self._image_ids.append(image_id)
-            self._results.extend(detections_to_coco(image_id, boxes, out["scores"].float().cpu().numpy()[keep],
-                                                    self.category_ids[labels - 1]))
+            # A rank's share is padded by repeating images (DistributedSampler's rule) when the
+            # split does not divide by the rank count; an image counts once.
+            self._by_image.setdefault(image_id, detections_to_coco(
+                image_id, boxes, out["scores"].float().cpu().numpy()[keep], self.category_ids[labels - 1]))
 
     def on_validation_epoch_end(self):
-        results, image_ids = self._results, self._image_ids
-        if self.trainer.world_size > 1:  # every rank evaluates the union, so logged values agree
-            gathered = [None] * self.trainer.world_size
-            torch.distributed.all_gather_object(gathered, (results, image_ids))
-            results = [r for part in gathered for r in part[0]]
-            image_ids = [i for part in gathered for i in part[1]]
-        if self._gt is None:
-            self._gt = load_ground_truth(self.val_ann_file)
-        stats = evaluate(self._gt, results, image_ids)
-        report = stats.pop("report", "")
-        self.last_coco_eval = stats.pop("coco_eval")
+        """COCOeval once, on rank 0, over every rank's detections with padded repeats removed;
+        its numbers are broadcast, so every rank logs (and selects checkpoints by) the same."""
+        world = self.trainer.world_size
+        shares = [self._by_image]
+        if world > 1:
+            shares = [None] * world if self.trainer.is_global_zero else None
+            torch.distributed.gather_object(self._by_image, shares, dst=0)
+        stats = None
+        if self.trainer.is_global_zero:
+            by_image, repeats = merge_rank_detections(shares)
+            if self._gt is None:
+                self._gt = load_ground_truth(self.val_ann_file)
+            results = [r for detections in by_image.values() for r in detections]
+            stats = evaluate(self._gt, results, list(by_image))
+            self.last_coco_eval = stats.pop("coco_eval")
+            report = stats.pop("report", "")
+            stats.update(images=len(by_image), repeats=repeats, detections=len(results))
+            if not self.trainer.sanity_checking:
+                log.info("COCOeval (epoch %d, %d images%s, %d detections):\n%s", self.current_epoch, len(by_image),
+                         f", {repeats} padded repeats removed" if repeats else "", len(results), report)
+        if world > 1:
+            box = [stats]
+            torch.distributed.broadcast_object_list(box, src=0)
+            stats = box[0]
+        self.val_images_evaluated, self.val_repeats_removed = stats.pop("images"), stats.pop("repeats")
+        stats.pop("detections")
         if not self.trainer.sanity_checking:
-            log.info("COCOeval (epoch %d, %d images, %d detections):\n%s", self.current_epoch, len(set(image_ids)),
-                     len(results), report)
             self.last_metrics = stats
-        self.log_dict({f"val/{k}": stats[k] for k in STAT_NAMES if k != "map50"})
-        self.log("val/map50", stats["map50"], prog_bar=True)
+        # Identical on every rank: "max" reduces them to the same value exactly.
+        self.log_dict({f"val/{k}": stats[k] for k in STAT_NAMES if k != "map50"}, sync_dist=world > 1, reduce_fx="max")
+        self.log("val/map50", stats["map50"], prog_bar=True, sync_dist=world > 1, reduce_fx="max")
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # A schedule sized to the run's length (OneCycle total_steps, cosine T_max) is rebuilt for
@@ -133,3 +149,18 @@ class DetectorModule(L.LightningModule):
                 kwargs[name] = total
         scheduler = self.scheduler_factory(optimizer, **kwargs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
+
+
+def merge_rank_detections(shares: list[dict[int, list[dict]]]) -> tuple[dict[int, list[dict]], int]:
+    """One entry per image from every rank's ``{image_id: detections}``, the lowest rank's
+    first (a padded repeat of an image is the same image through the same weights), and the
+    number of repeats dropped."""
+    merged: dict[int, list[dict]] = {}
+    repeats = 0
+    for share in shares:
+        for image_id, detections in share.items():
+            if image_id in merged:
+                repeats += 1
+            else:
+                merged[image_id] = detections
+    return merged, repeats

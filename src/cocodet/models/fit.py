@@ -38,6 +38,10 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
                         weights_only=weights_only if ckpt_path else None)
         except SIGTERMException:
             status = "preempted"
+    # Collective (every rank gathers), so before anything only rank 0 does.
+    ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
+    if ddp is not None:
+        ddp.update(val_images_evaluated=module.val_images_evaluated, val_repeats_removed=module.val_repeats_removed)
     checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
     best_checkpoint = next((c for c in checkpoints if c.monitor), None)
     last_checkpoint = next((c for c in checkpoints if not c.monitor), None)
@@ -51,6 +55,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
     metrics = module.last_metrics or {}
     best = best_checkpoint.best_model_score if best_checkpoint else None
+    finish_ranks(trainer)
     return {
         "mode": "train",
         "status": status,
@@ -69,7 +74,19 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "plan": plan.summary(),
         "on_failure": datamodule.replanner.on_failure,
         "replans": datamodule.replanner.records,
+        "ddp": ddp,
     }
+
+
+def finish_ranks(trainer: L.Trainer) -> None:
+    """End a multi-process run in order: every rank meets here, then rank 0 waits for the
+    ranks it launched on this host, so its summary is the last line on the shared stdout."""
+    if trainer.world_size <= 1:
+        return
+    trainer.strategy.barrier("cocodet-summary")
+    if trainer.is_global_zero:
+        for proc in getattr(trainer.strategy.launcher, "procs", None) or []:
+            proc.wait(timeout=300)
 
 
 def _last_checkpoint(last: ModelCheckpoint | None, preemption: PreemptionCheckpoint | None) -> str | None:

@@ -1,0 +1,129 @@
+"""Multi-process and multi-node training on Lightning DDP (gloo on CPU), proven exactly-once:
+real processes launched by Lightning, and two 'nodes' on localhost through its plain
+environment variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_train
+from cocodet.loader.policy import plan_loader
+from cocodet.models.detector import merge_rank_detections
+from test_policy import host
+
+DROPPED_IMAGES = 1  # 79 of coco_tiny's 80 per split: an odd count, so 2 ranks need one padded repeat
+
+
+@pytest.fixture(scope="module")
+def coco79(coco_tiny, tmp_path_factory) -> Path:
+    """coco_tiny with 79 train and 79 val images (the image folders linked, annotations filtered)."""
+    root = tmp_path_factory.mktemp("coco79")
+    (root / "annotations").mkdir()
+    for split in ("train2017", "val2017"):
+        (root / split).symlink_to(coco_tiny / split)
+        data = json.loads((coco_tiny / "annotations" / f"instances_{split}.json").read_text())
+        keep = set(sorted(im["id"] for im in data["images"])[DROPPED_IMAGES:])
+        data["images"] = [im for im in data["images"] if im["id"] in keep]
+        data["annotations"] = [a for a in data["annotations"] if a["image_id"] in keep]
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(data))
+    return root
+
+
+def args(root: Path, *extra: str) -> list[str]:
+    return ["dataset=coco", f"dataset.root={root}", "dataset.image_size=64", "loader.batch_size=8",
+            "trainer.max_epochs=1", "trainer.enable_progress_bar=false", *extra]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(coco79, tmp_path_factory) -> dict[int, tuple]:
+    """trainer=ddp_cpu (2 processes) at 0 and at 2 workers per rank: {workers: (process, summary)}."""
+    base = tmp_path_factory.mktemp("ddp")
+    runs = {}
+    for w in (0, 2):
+        proc, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", f"loader.num_workers={w}"),
+                            base / f"w{w}", timeout=900)
+        runs[w] = (proc, s, base / f"w{w}")
+    return runs
+
+
+@pytest.mark.slow
+def test_two_ranks_take_every_train_index_once_and_evaluate_each_val_image_once(two_ranks):
+    proc, s, _ = two_ranks[0]
+    ddp = s["ddp"]
+    assert s["status"] == "completed" and ddp["world_size"] == 2
+    # 79 images over 2 ranks: 40 each, the 80th a padded repeat of one index.
+    assert ddp["train_images"] == 79 and ddp["train_unique"] == 79
+    assert ddp["train_consumed"] == 80 and ddp["train_padded"] == 1
+    assert s["steps"] == 5  # 40 per rank at batch 8
+    assert ddp["val_images_evaluated"] == 79 and ddp["val_repeats_removed"] == 1
+    assert len(ddp["stream_digests"]) == 2 and ddp["stream_digests"][0] != ddp["stream_digests"][1]
+
+
+@pytest.mark.slow
+def test_rank_zero_alone_writes_and_prints_the_summary(two_ranks):
+    proc, s, run_dir = two_ranks[0]
+    json_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(json_lines) == 1 and json_lines[0] == proc.stdout.strip().splitlines()[-1]
+    assert json.loads((run_dir / "summary.json").read_text()) == s
+    # Each rank logs its own plan, with the per-host and per-rank figures.
+    out = proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"loader plan for rank {rank} (local rank {rank} of 2 on this host, node 0)" in out
+    assert "CPUs: host / per rank" in out and "/dev/shm: host free / rank budget" in out
+    assert (run_dir / "train_ddp_process_1.log").is_file()
+    # COCOeval ran once per validation, on rank 0.
+    assert out.count("COCOeval (epoch 0, 79 images, 1 padded repeats removed") == 1
+
+
+@pytest.mark.slow
+def test_each_ranks_stream_is_the_same_at_0_and_2_workers(two_ranks):
+    assert two_ranks[0][1]["ddp"]["stream_digests"] == two_ranks[2][1]["ddp"]["stream_digests"]
+    assert two_ranks[2][1]["plan"]["num_workers"] == 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost_through_lightnings_environment_variables(coco79, two_ranks, tmp_path):
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    cmd = [sys.executable, str(REPO / "train.py"),
+           *args(coco79, "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2")]
+    nodes = [subprocess.Popen([*cmd, f"hydra.run.dir={tmp_path / f'node{n}'}"], cwd=REPO, env={**env, "NODE_RANK": str(n)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in (1, 0)]
+    outs = [p.communicate(timeout=900)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[1][-3000:] + outs[0][-3000:]
+    s = json.loads(outs[1].strip().splitlines()[-1])  # node 0 holds rank 0
+    assert s["ddp"]["world_size"] == 2 and s["ddp"]["train_padded"] == 1 and s["ddp"]["val_images_evaluated"] == 79
+    assert not (tmp_path / "node1" / "summary.json").exists()
+    assert "loader plan for rank 1 (local rank 0 of 1 on this host, node 1)" in outs[0]
+    # Two nodes of one process each are two ranks: the same streams as two ranks on one host.
+    assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
+
+
+def test_padded_repeats_are_merged_once_lowest_rank_first():
+    rank0 = {1: [{"image_id": 1, "score": 0.9}], 3: []}
+    rank1 = {2: [{"image_id": 2, "score": 0.5}], 1: [{"image_id": 1, "score": 0.1}]}
+    merged, repeats = merge_rank_detections([rank0, rank1])
+    assert sorted(merged) == [1, 2, 3] and repeats == 1 and merged[1] == [{"image_id": 1, "score": 0.9}]
+
+
+def test_local_ranks_share_the_hosts_cpus_shm_and_memory():
+    one = plan_loader("auto", None, 64, 10 << 20, 2, host(), cuda=True)
+    eight = plan_loader("auto", None, 64, 10 << 20, 2, host(local_world_size=8, usable_cpus=1), cuda=True)
+    assert eight.local_ranks == 8 and eight.host_cpus == one.host_cpus
+    assert eight.shm_budget_bytes == one.shm_budget_bytes // 8
+    memory = next(c for c in eight.caps if c["name"] == "memory")
+    assert "/ 8 local ranks" in memory["reason"]
+    assert re.search(r"local ranks on this host\s+8\n", eight.table())
