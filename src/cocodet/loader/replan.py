@@ -67,7 +67,7 @@ class Replanner:
     def __init__(self, plan: LoaderPlan, plan_fn: PlanFn | None = None, on_failure: str | None = None,
                  max_replans: int = 3, shm_path: str = "/dev/shm"):
         self.plan, self.plan_fn, self.max_replans, self.shm_path = plan, plan_fn, max_replans, shm_path
-        self.on_failure = on_failure or default_on_failure(plan.source)
+        self.on_failure = on_failure or (default_on_failure(plan.source) if plan is not None else "raise")
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
         self.records: list[dict] = []
