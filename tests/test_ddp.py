@@ -127,3 +127,36 @@ def test_local_ranks_share_the_hosts_cpus_shm_and_memory():
     memory = next(c for c in eight.caps if c["name"] == "memory")
     assert "/ 8 local ranks" in memory["reason"]
     assert re.search(r"local ranks on this host\s+8\n", eight.table())
+
+
+@pytest.mark.slow
+def test_torchrun_launches_the_same_two_ranks(coco79, two_ranks, tmp_path):
+    """torchrun starts the processes (Lightning's TorchElasticEnvironment); every rank is given
+    the same run dir, and rank 0 prints the one summary."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(REPO / "train.py"),
+                           *args(coco79, "trainer=ddp_cpu"), f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    s = json.loads(line)
+    assert s["ddp"]["world_size"] == 2 and s["ddp"]["train_padded"] == 1
+    assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
+    assert "loader plan for rank 1 (local rank 1 of 2 on this host, node 0)" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("env,label,ranks", [
+    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS_PER_NODE": "2"},
+     "loader plan for rank 5 (local rank 1 of 2 on this host, node 2)", 2),
+    ({"RANK": "3", "LOCAL_RANK": "3", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4"},
+     "loader plan for rank 3 (local rank 3 of 4 on this host, node 0)", 4),
+])
+def test_a_launchers_rank_variables_reach_the_plan(env, label, ranks, synthetic_root, tmp_path):
+    from conftest import synthetic_overrides
+
+    proc, s = run_train([*synthetic_overrides(synthetic_root), "mode=plan"], tmp_path / "plan", env=env)
+    out = proc.stdout + proc.stderr
+    assert label in out
+    host_cpus, per_rank = map(int, re.search(r"CPUs: host / per rank\s+(\d+) / (\d+)", out).groups())
+    assert per_rank == max(1, host_cpus // ranks) and re.search(rf"local ranks on this host\s+{ranks}\n", out)
+    assert s is None and not (tmp_path / "plan" / "summary.json").exists()  # not rank 0: no summary
