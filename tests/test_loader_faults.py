@@ -53,6 +53,20 @@ def test_auto_run_completes_in_64mb_shm(coco_tiny, tmp_path):
 
 
 @needs_root
+@pytest.mark.slow
+def test_auto_training_in_64mb_shm_validates_without_running_out(coco_tiny, tmp_path):
+    """Train and val loaders both alive (persistent workers, the train stream running ahead
+    across epochs): the parts they hold together still fit, validation included, with no
+    re-plan. A joined part once stayed referenced while its batch was out, 9.4 MiB more per
+    loader, and the second validation ran out of shm."""
+    args = [*coco640(coco_tiny), "+model.detector.min_size=64", "+model.detector.max_size=64", "trainer.max_epochs=3",
+            "trainer.enable_progress_bar=false"]
+    _, s = run_train(args, tmp_path / "run", prefix=shm_namespace(), timeout=900)
+    assert s["status"] == "completed" and s["steps"] == 6 and s["plan"]["part_images"]
+    assert s["replans"] == [] and s["on_failure"] == "replan"
+
+
+@needs_root
 def test_explicit_overcommit_warns_then_fails_with_shm_diagnosis(coco_tiny, tmp_path):
     args = [*coco640(coco_tiny), "mode=bench", "loader=explicit", "loader.num_workers=8", "loader.prefetch_factor=4",
             "bench.batches=3", "bench.warmup=0", "bench.decode_probe=0"]

@@ -218,6 +218,9 @@ def _joined(parts_iter, pin_memory: bool):
     joiner = PartJoiner(pin_memory)
     for part in parts_iter:
         batch = joiner.add(part)
+        # A part held by this frame while the batch is out would keep its shm for the whole
+        # step (and a validation): 9.4 MiB of Docker's 64 MB at batch 64, 640 px.
+        del part
         if batch is not None:
             yield batch
 
