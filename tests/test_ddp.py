@@ -89,6 +89,19 @@ def test_each_ranks_stream_is_the_same_at_0_and_2_workers(two_ranks):
     assert two_ranks[2][1]["plan"]["num_workers"] == 2
 
 
+@pytest.mark.slow
+def test_two_rank_resume_continues_each_ranks_stream(coco79, two_ranks, tmp_path):
+    """A 2-rank run resumed from its epoch-1 checkpoint for a second epoch: each rank's digest
+    equals that of a 2-epoch run (the checkpoint carries every rank's digest)."""
+    first = two_ranks[0][1]
+    two_epochs = [*args(coco79, "trainer=ddp_cpu", "loader=explicit", "loader.num_workers=0"), "trainer.max_epochs=2"]
+    _, straight = run_train(two_epochs, tmp_path / "straight", timeout=900)
+    _, resumed = run_train([*two_epochs, f"ckpt_path={first['last_ckpt']}"], tmp_path / "resumed", timeout=900)
+    assert resumed["steps"] == straight["steps"] == 10
+    assert resumed["ddp"]["stream_digests"] == straight["ddp"]["stream_digests"]
+    assert resumed["ddp"]["train_consumed"] == 80  # this run's own epoch
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

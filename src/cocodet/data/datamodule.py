@@ -132,16 +132,28 @@ class CocoDataModule(L.LightningDataModule):
             # Saved after the epoch's last batch (an epoch-end or step checkpoint): Lightning
             # resumes at the next epoch, with the iterator it builds while restoring.
             position["epoch_done"] = bool(self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-        return {"stream_digest": self.stream_digest, "position": position}
+        return {"stream_digest": self.stream_digest, "stream_digests": self._all_digests(), "position": position}
+
+    def _all_digests(self) -> list[str]:
+        """Every rank's digest (rank 0 alone writes the checkpoint). Lightning dumps a
+        checkpoint on every rank and meets them at a barrier, so this gather is as safe."""
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if world <= 1 or not torch.distributed.is_initialized():
+            return [self.stream_digest]
+        digests = [None] * world
+        torch.distributed.all_gather_object(digests, self.stream_digest)
+        return digests
 
     def load_state_dict(self, state: dict) -> None:
         """Called by Lightning while restoring a checkpoint, before the train loader is built."""
-        self.stream_digest = state.get("stream_digest", "")
         if state.get("position"):
             self.position = self._new_position()
-            self.position.load_state_dict(state["position"])
+            self.position.load_state_dict(state["position"])  # refuses another rank count
             self._resume_pending = True
             self._resume_next_epoch = bool(state["position"].get("epoch_done"))
+        digests = state.get("stream_digests") or [state.get("stream_digest", "")]
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        self.stream_digest = digests[rank] if rank < len(digests) else state.get("stream_digest", "")
 
     def _new_position(self) -> StreamPosition:
         return StreamPosition(self.batch_size, self.seed, self.trainer.world_size if self.trainer is not None else 1)
