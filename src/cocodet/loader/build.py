@@ -29,10 +29,11 @@ def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sa
     batch_sampler = EpochBatchSampler(sampler, batch_size, batch_size, across_epochs)
     if start is not None:
         batch_sampler.start_at(*start)
-    cls = ResumableLoader if position is not None else EpochLoader
-    return cls(dataset, batch_sampler=batch_sampler, collate_fn=flatten, worker_init_fn=worker_init_fn,
-               plan=plan, replanner=replanner, stage=stage, across_epochs=across_epochs, position=position,
-               **plan.dataloader_kwargs())
+    kwargs = dict(batch_sampler=batch_sampler, collate_fn=flatten, worker_init_fn=worker_init_fn, plan=plan,
+                  replanner=replanner, stage=stage, across_epochs=across_epochs, **plan.dataloader_kwargs())
+    if position is not None:
+        return ResumableLoader(dataset, position=position, **kwargs)
+    return EpochLoader(dataset, **kwargs)
 
 
 class EpochBatchSampler(torch.utils.data.Sampler):
@@ -100,7 +101,7 @@ class EpochLoader(torch.utils.data.DataLoader):
     """
 
     def __init__(self, *args, plan: LoaderPlan, replanner: "Replanner | None" = None, stage: str = "",
-                 across_epochs: bool = False, position: "StreamPosition | None" = None, **kwargs):
+                 across_epochs: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self._stream = _Stream()
         self.replanner, self.stage, self._across_asked = replanner, stage, across_epochs
@@ -135,7 +136,6 @@ class EpochLoader(torch.utils.data.DataLoader):
         self.prefetch_factor = plan.prefetch_factor if plan.num_workers > 0 else None
         # Torch applies its timeout only with workers; in-process loading gets the watchdog.
         self.timeout = plan.timeout_s if plan.num_workers > 0 else 0
-        self.plan_timeout = plan.timeout_s
         sampler = self.batch_sampler
         part = plan.part_images if plan.num_workers > 0 and plan.part_images else sampler.batch_size
         sampler.part_size = min(part, sampler.batch_size)
@@ -192,8 +192,8 @@ class EpochLoader(torch.utils.data.DataLoader):
         if workers:
             with fetching(workers):
                 return next(stream.batches, None)
-        if self.num_workers == 0 and self.plan_timeout > 0:
-            with watchdog(self.plan_timeout):
+        if self.num_workers == 0 and self.plan.timeout_s > 0:
+            with watchdog(self.plan.timeout_s):
                 return next(stream.batches, None)
         return next(stream.batches, None)
 
@@ -237,7 +237,7 @@ class ResumableLoader(EpochLoader):
     """
 
     def __init__(self, *args, position: "StreamPosition", **kwargs):
-        super().__init__(*args, position=position, **kwargs)
+        super().__init__(*args, **kwargs)
         self.position = position
 
     def state_dict(self) -> dict:

@@ -92,7 +92,7 @@ class DetectorModule(L.LightningModule):
         if world > 1:
             shares = [None] * world if self.trainer.is_global_zero else None
             torch.distributed.gather_object(self._by_image, shares, dst=0)
-        stats = None
+        outcome = None  # (stats, images evaluated, padded repeats removed), from rank 0
         if self.trainer.is_global_zero:
             by_image, repeats = merge_rank_detections(shares)
             if self._gt is None:
@@ -101,16 +101,15 @@ class DetectorModule(L.LightningModule):
             stats = evaluate(self._gt, results, list(by_image))
             self.last_coco_eval = stats.pop("coco_eval")
             report = stats.pop("report", "")
-            stats.update(images=len(by_image), repeats=repeats, detections=len(results))
+            outcome = (stats, len(by_image), repeats)
             if not self.trainer.sanity_checking:
                 log.info("COCOeval (epoch %d, %d images%s, %d detections):\n%s", self.current_epoch, len(by_image),
                          f", {repeats} padded repeats removed" if repeats else "", len(results), report)
         if world > 1:
-            box = [stats]
+            box = [outcome]
             torch.distributed.broadcast_object_list(box, src=0)
-            stats = box[0]
-        self.val_images_evaluated, self.val_repeats_removed = stats.pop("images"), stats.pop("repeats")
-        stats.pop("detections")
+            outcome = box[0]
+        stats, self.val_images_evaluated, self.val_repeats_removed = outcome
         if not self.trainer.sanity_checking:
             self.last_metrics = stats
         # Identical on every rank: "max" reduces them to the same value exactly.
