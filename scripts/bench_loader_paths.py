@@ -20,7 +20,8 @@ from hydra import compose, initialize_config_dir
 
 from cocodet.app import run
 from cocodet.bench.common_way import common_way_loader
-from cocodet.bench.harness import Measurement, measure
+from cocodet.bench.harness import measure
+from cocodet.timing.measurement import Measurement
 from cocodet.data.augment import Mosaic
 from cocodet.data.coco import build_index
 

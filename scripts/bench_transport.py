@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from cocodet.bench.harness import measure, storages_in
-from cocodet.data.flat_batch import flatten
+from cocodet.loader.flat_batch import flatten
 
 
 class PreDecoded(torch.utils.data.Dataset):

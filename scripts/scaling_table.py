@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from cocodet.data.flat_layout import batch_bytes
+from cocodet.loader.flat_layout import batch_bytes
 from cocodet.loader.policy import MiB, plan_loader
 from cocodet.loader.resources import HostResources
 

@@ -14,9 +14,9 @@ from PIL import Image
 
 from cocodet.data.augment import build_recipe
 from cocodet.data.coco import BadSampleError, DatasetConfigError, build_index, decode_image, load_raw
-from cocodet.data.datamodule import CocoDataModule
+from cocodet.datamodule import CocoDataModule
 from cocodet.data.dataset import DetectionDataset
-from cocodet.data.flat_batch import flatten
+from cocodet.loader.flat_batch import flatten
 
 N = 8
 
@@ -104,7 +104,7 @@ def test_bad_sample_skip_accounts_for_every_sample(kind, ds, tmp_path):
                         recipe=build_recipe("mosaic", 64), batch_size=4, seed=0, plan=plan, on_bad_sample="skip",
                         run_dir=str(tmp_path))
     for batch in dm.train_dataloader():  # real workers: records travel with the batches
-        dm.record_batch(batch, "train", 0)
+        dm.bad_samples.record(batch.skipped, batch.images.shape[0], "train", 0)
     stats = dm.bad_sample_summary()["train"]
     assert stats["seen"] + stats["skipped"] == len(dm.train_index) == N
     assert stats["skipped"] == 1

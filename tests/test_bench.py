@@ -77,10 +77,15 @@ def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
     assert spin4["work_mean_ms"] > spin0["work_mean_ms"]  # ...because the work got slower
 
 
-def test_worker_rss_reported_per_epoch(tmp_path, synthetic_root):
+@pytest.mark.parametrize("persistent", [True, False])
+def test_worker_rss_reported_per_epoch(tmp_path, synthetic_root, persistent):
+    """Workers are found through the loader's own stream (EpochLoader.worker_pids): torch keeps
+    its iterator only for persistent workers, so reading that measured nothing without them."""
     from conftest import run_train
 
     _, s = run_train([*synthetic_overrides(synthetic_root), "mode=bench", "bench.epochs=3", "bench.batches=null",
-                      "loader=explicit", "loader.num_workers=2", "bench.decode_probe=0"], tmp_path / "rss")
+                      "loader=explicit", "loader.num_workers=2", "bench.decode_probe=0",
+                      f"loader.persistent_workers={str(persistent).lower()}"], tmp_path / "rss")
+    assert s["persistent_workers"] is persistent
     assert len(s["epochs"]) == 3 and all(e["worker_rss_mb"] for e in s["epochs"])
     assert "worker_rss_growth" in s and np.isfinite(s["worker_rss_growth"])

@@ -10,7 +10,7 @@ import pytest
 from cocodet.data.augment import build_recipe
 from cocodet.data.coco import build_index
 from cocodet.data.dataset import DetectionDataset
-from cocodet.data.flat_batch import flatten, restore
+from cocodet.loader.flat_batch import flatten, restore
 from cocodet.models.evaluation import detections_to_coco, evaluate, load_ground_truth, to_original_frame
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import run_in_process, run_train
 from cocodet.data.augment import Mosaic, build_recipe
-from cocodet.data.flat_batch import update_digest
+from cocodet.loader.flat_batch import update_digest
 
 
 def bench_args(coco_tiny, *extra):
@@ -59,7 +59,7 @@ def test_batch_digest_is_independent_of_parts_and_pixel_cache(coco_tiny, tmp_pat
 def test_digest_changes_with_epoch(coco_tiny):
     from cocodet.data.coco import build_index
     from cocodet.data.dataset import DetectionDataset, EpochSampler
-    from cocodet.data.flat_batch import flatten
+    from cocodet.loader.flat_batch import flatten
 
     index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json")
     dataset = DetectionDataset(index, build_recipe("mosaic", 128), seed=0)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from conftest import REPO
-from cocodet.bench.transfer import TransferTimer, to_device
-from cocodet.data.flat_batch import FlatBatch
+from cocodet.loader.flat_batch import to_device
+from cocodet.timing.transfer import TransferTimer
+from cocodet.loader.flat_batch import FlatBatch
 from cocodet.loader.policy import plan_loader
 from cocodet.loader.resources import HostResources
 from cocodet.models.precision import choose_precision

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from cocodet.bench.callback import LoaderTimingCallback, rss_growth
+from cocodet.timing.callback import LoaderTimingCallback, rss_growth
 
 
 def test_loader_alarms_warn_once_on_a_stall_and_on_worker_rss_growth(caplog):

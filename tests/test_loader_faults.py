@@ -124,7 +124,7 @@ def test_host_without_shm_is_not_capped(tmp_path, synthetic_root):
 def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
     """A worker killed mid-epoch ends the loop with the diagnosis, not a bare 'exited unexpectedly'."""
     from cocodet.data.augment import build_recipe
-    from cocodet.data.datamodule import CocoDataModule
+    from cocodet.datamodule import CocoDataModule
     from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
     from cocodet.loader.policy import plan_loader
     from cocodet.loader.resources import probe

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 from conftest import REPO, run_train
-from cocodet.data.flat_batch import chain_stream_digest
+from cocodet.loader.flat_batch import chain_stream_digest
 from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
 from cocodet.loader.policy import plan_loader
 from cocodet.loader.replan import Replanner, next_rung
@@ -24,7 +24,7 @@ def datamodule(root, workers: int, **replanner_args):
     """A datamodule on the synthetic set (48 train images, batch 4) whose plan has ``workers``
     (inherited: re-plans by default) and a replanner that plans against this host."""
     from cocodet.data.augment import build_recipe
-    from cocodet.data.datamodule import CocoDataModule
+    from cocodet.datamodule import CocoDataModule
 
     def plan_fn(n: int, prefetch: int):
         return plan_loader("inherited", n, 4, 1 << 20, prefetch, probe(), cuda=False)

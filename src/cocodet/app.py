@@ -1,125 +1,57 @@
-"""run(cfg): validate, probe the host, plan the loader, build objects from config, dispatch on ``cfg.mode``.
+"""run(cfg): validate, probe the host, plan the loader, then the mode's own function.
 
-The only module that reads the config tree. Objects whose config is their constructor's
-arguments are built with Hydra ``instantiate``; everything below takes plain arguments.
+Wiring only. Modes dispatch through ``cocodet.modes.MODE_TABLE`` (one function per mode, in
+the module of its concern), imported when the mode runs.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from cocodet.config import validate
-from cocodet.loader.policy import LoaderPlan, plan_loader, worker_request
-from cocodet.loader.replan import Replanner
-from cocodet.loader.resources import HostResources, local_ranks, probe, raise_nofile_limit, uses_cuda
-
-log = logging.getLogger(__name__)
+from cocodet.loader.resources import raise_nofile_limit
+from cocodet.modes import MODE_TABLE
+from cocodet.modes.wiring import build_plan
 
 
-def cli_overrides() -> list[str]:
-    """This run's own command-line overrides (what makes a worker count 'explicit')."""
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+def run(cfg: DictConfig) -> dict:
+    validate(cfg)
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    raise_nofile_limit()
+    plan, resources = build_plan(cfg)
+    summary = mode_function(str(cfg.mode))(cfg, plan, resources, run_dir)
+    if _global_rank() == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
+        write_summary(run_dir, summary)
+    return summary
 
 
-def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
-    """Probe the host, then plan the workers for this rank (DESIGN §3)."""
-    policy, requested = worker_request(str(cfg.loader.policy), cfg.loader.get("num_workers"),
-                                       list(cfg.loader.get("inherit_from", [])), cli_overrides(), dict(os.environ))
-    resources = _probe(cfg)
-    plan = plan_loader(policy, requested, prefetch_factor=int(cfg.loader.prefetch_factor), resources=resources,
-                       **_plan_args(cfg))
-    log.info("loader plan%s:\n%s", _rank_label(plan.local_ranks), plan.table())
-    for warning in plan.warnings:
-        log.warning("loader plan: %s", warning)
-    return plan, resources
+def mode_function(mode: str):
+    """The function that runs ``mode`` (its module imported now)."""
+    module, name = MODE_TABLE[mode].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def _rank_label(local_ranks: int) -> str:
-    """' for rank R (local L of N, node K)' once a run has more than one process. Lightning
-    sets these variables in the ranks it launches; the launching process is rank 0."""
-    env = os.environ
-    node = int(env.get("NODE_RANK", env.get("GROUP_RANK", env.get("SLURM_NODEID", "0"))) or 0)
-    local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")) or 0)
-    rank = int(env.get("RANK", env.get("SLURM_PROCID", node * local_ranks + local)) or 0)
-    if local_ranks <= 1 and node == 0 and rank == 0:
-        return ""
-    return f" for rank {rank} (local rank {local} of {local_ranks} on this host, node {node})"
+def _global_rank() -> int:
+    """This process's rank: Lightning's (set in the ranks it launches) once a mode imported it,
+    else the launcher's variables, read in Lightning's order; mode=plan never imports Lightning."""
+    lightning = sys.modules.get("lightning.pytorch.utilities.rank_zero")
+    if lightning is not None:
+        return int(getattr(lightning.rank_zero_only, "rank", 0) or 0)
+    for key in RANK_VARIABLES:
+        if os.environ.get(key):
+            return int(os.environ[key])
+    return 0
 
 
-def _probe(cfg: DictConfig) -> HostResources:
-    ranks = local_ranks(cfg.trainer.get("devices", 1), uses_cuda(cfg.trainer.get("accelerator", "auto")))
-    return probe(shm_path=str(cfg.loader.shm_path), ranks_per_host=ranks)
-
-
-def _plan_args(cfg: DictConfig) -> dict:
-    """plan_loader's arguments from the config, apart from the count, prefetch and host."""
-    from cocodet.data.flat_layout import batch_bytes
-
-    loader, size = cfg.loader, int(cfg.dataset.image_size)
-    footprint_mb = loader.get("worker_footprint_mb")
-    return dict(batch_size=int(loader.batch_size), batch_bytes=batch_bytes(int(loader.batch_size), size),
-                cuda=uses_cuda(cfg.trainer.get("accelerator", "auto")), pin_memory=loader.pin_memory,
-                persistent_workers=bool(loader.persistent_workers),
-                worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
-                part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)),
-                timeout_s=float(loader.get("timeout", 0)),
-                val_batch_bytes=batch_bytes(int(loader.val_batch_size), size) if loader.get("val_batch_size") else None)
-
-
-def build_replanner(cfg: DictConfig, plan: LoaderPlan) -> Replanner:
-    """loader.on_failure: the run's plan, and a smaller one planned against the host as
-    probed at the failure (``loader/replan.py``)."""
-    def plan_fn(workers: int, prefetch: int) -> LoaderPlan:
-        return plan_loader("inherited", workers, prefetch_factor=prefetch, resources=_probe(cfg), **_plan_args(cfg))
-
-    return Replanner(plan, plan_fn, on_failure=cfg.loader.get("on_failure"),
-                     max_replans=int(cfg.loader.get("max_replans", 3)), shm_path=str(cfg.loader.shm_path))
-
-
-def build_datamodule(cfg: DictConfig, plan: LoaderPlan, run_dir: Path):
-    recipe = instantiate(cfg.augment, image_size=int(cfg.dataset.image_size), _convert_="all")
-    # Runtime objects are passed to the partial, not to instantiate, which would turn the plan
-    # (a dataclass) into a config node.
-    datamodule = instantiate(cfg.dataset, _partial_=True, _convert_="all")
-    return datamodule(recipe=recipe, batch_size=int(cfg.loader.batch_size), seed=int(cfg.seed), plan=plan,
-                      val_batch_size=cfg.loader.get("val_batch_size"), run_dir=str(run_dir),
-                      replanner=build_replanner(cfg, plan))
-
-
-def build_module(cfg: DictConfig, datamodule):
-    return instantiate(cfg.model, val_ann_file=datamodule.val_ann_file, image_size=int(cfg.dataset.image_size),
-                       category_ids=datamodule.train_index.category_ids.tolist(), _recursive_=True)
-
-
-def build_trainer(cfg: DictConfig, run_dir: Path):
-    import lightning as L
-
-    from cocodet.models.precision import resolve_precision
-
-    args = OmegaConf.to_container(cfg.trainer, resolve=True)
-    args["precision"] = resolve_precision(args.get("precision", "32-true"))
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
-    loggers = [instantiate(lg) for lg in (cfg.get("logger") or {}).values()] or False
-    return L.Trainer(**args, default_root_dir=str(run_dir), callbacks=callbacks, logger=loggers)
-
-
-def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
-    """``ckpt_path``: a file, or ``last`` for the newest checkpoint of this run dir (else of the newest run)."""
-    from cocodet.models.preemption import find_last_checkpoint
-
-    if cfg.get("ckpt_path") != "last":
-        return cfg.get("ckpt_path")
-    path = find_last_checkpoint(run_dir, Path("outputs"))
-    log.info("ckpt_path=last: resuming %s", path)
-    return str(path)
+# Where launchers put the global rank, in the order lightning_fabric's _get_rank reads them.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
@@ -130,108 +62,3 @@ def write_summary(run_dir: Path, summary: dict) -> None:
     sys.stdout.flush()
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
-
-
-def run(cfg: DictConfig) -> dict:
-    validate(cfg)
-    run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    raise_nofile_limit()
-    plan, resources = build_plan(cfg)
-    if cfg.mode == "plan":
-        summary = preflight(cfg, plan, resources, run_dir)
-    elif cfg.mode == "preview":
-        from cocodet.preview import render_previews
-
-        datamodule = build_datamodule(cfg, plan, run_dir)
-        paths = render_previews(datamodule, run_dir / "previews", batches=int(cfg.preview.batches),
-                                epoch=int(cfg.preview.epoch))
-        summary = {"mode": "preview", "pngs": [str(p) for p in paths], **plan.summary()}
-    elif cfg.mode == "bench":
-        summary = bench(cfg, build_datamodule(cfg, plan, run_dir), plan)
-    elif cfg.mode in ("eval", "predict", "export"):
-        summary = use_checkpoint(cfg, build_datamodule(cfg, plan, run_dir), plan, run_dir)
-    else:
-        from cocodet.models.fit import fit, seed_model_init
-
-        datamodule = build_datamodule(cfg, plan, run_dir)
-        seed_model_init(int(cfg.seed))
-        module = build_module(cfg, datamodule)
-        summary = fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=resume_path(cfg, run_dir),
-                      weights_only=bool(cfg.get("weights_only")), shm_path=str(cfg.loader.shm_path))
-    if _global_rank() == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
-        write_summary(run_dir, summary)
-    return summary
-
-
-def _global_rank() -> int:
-    from lightning.pytorch.utilities import rank_zero_only
-
-    return int(getattr(rank_zero_only, "rank", 0) or 0)
-
-
-def use_checkpoint(cfg: DictConfig, datamodule, plan: LoaderPlan, run_dir: Path) -> dict:
-    """mode=eval, predict or export: the configured model with a checkpoint's weights."""
-    from cocodet.inference.checkpoint import load_weights
-    from cocodet.loader.diagnose import explained_loader_failures
-
-    ckpt = resume_path(cfg, run_dir)
-    module = build_module(cfg, datamodule)
-    load_weights(module, ckpt, bool(cfg.get("weights_only")))
-    if cfg.mode == "export":
-        from cocodet.inference.export import export
-
-        return export(module, datamodule, fmt=str(cfg.export.format), model_name=str(cfg.model.detector.name),
-                      run_dir=run_dir, opset=int(cfg.export.opset))
-    with explained_loader_failures(plan, shm_path=str(cfg.loader.shm_path)):
-        if cfg.mode == "eval":
-            from cocodet.inference.evaluate import evaluate_checkpoint
-
-            return evaluate_checkpoint(build_trainer(cfg, run_dir), module, datamodule, ckpt, str(cfg.eval.split),
-                                       run_dir)
-        import torch
-
-        from cocodet.inference.predict import PredictSourceError, predict
-
-        if not cfg.predict.source:
-            raise PredictSourceError("mode=predict needs predict.source=<image folder or file>")
-        device = torch.device("cuda" if uses_cuda(cfg.trainer.get("accelerator", "auto")) else "cpu")
-        return predict(module, datamodule, plan, source=str(cfg.predict.source),
-                       score_threshold=float(cfg.predict.score_threshold), draw=bool(cfg.predict.draw),
-                       on_bad_sample=str(cfg.dataset.on_bad_sample), batch_size=int(cfg.loader.batch_size),
-                       run_dir=run_dir, device=device)
-
-
-def preflight(cfg: DictConfig, plan: LoaderPlan, resources: HostResources, run_dir: Path) -> dict:
-    """mode=plan: the dataset's indexes (and a full scan with dataset.verify), the host, the plan;
-    no torch, no Lightning, so it answers in about a second."""
-    from cocodet.data.splits import load_splits
-
-    train, val = load_splits(**OmegaConf.to_container(cfg.dataset, resolve=True))
-    if cfg.dataset.verify:
-        from cocodet.data.verify import verify_indexes
-
-        verify_indexes(train, val, run_dir)
-    log.info("host preflight:\n%s", resources.table())
-    return {"mode": "plan", **plan.summary(), "host": resources.as_dict(), "train_images": len(train),
-            "val_images": len(val)}
-
-
-def bench(cfg: DictConfig, datamodule, plan: LoaderPlan) -> dict:
-    import torch
-
-    from cocodet.bench.run import model_step, run_bench
-    from cocodet.loader.diagnose import explained_loader_failures
-    from cocodet.models.precision import resolve_precision
-
-    b = cfg.bench
-    device = torch.device("cuda" if uses_cuda(cfg.trainer.get("accelerator", "auto")) else "cpu")
-    precision = resolve_precision(cfg.trainer.get("precision", "32-true"))
-    step = model_step(build_module(cfg, datamodule), device, precision) if b.consumer == "model" else None
-    with explained_loader_failures(plan, shm_path=str(cfg.loader.shm_path)):
-        summary = run_bench(datamodule, plan, consumer=b.consumer, work_ms=float(b.work_ms), batches=b.batches,
-                            warmup=int(b.warmup), epochs=int(b.epochs), digest_batches=int(b.digest_batches),
-                            producer=b.producer, producer_ms=float(b.producer_ms),
-                            producer_samples=int(b.producer_samples), decode_probe_images=int(b.decode_probe),
-                            shm_path=str(cfg.loader.shm_path), train_step=step, device=device, preload=bool(b.preload))
-    return {**summary, "precision": precision if step else None}

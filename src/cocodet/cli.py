@@ -37,7 +37,7 @@ def task(cfg: DictConfig) -> dict:
     annotations) reported in one line and exit status 2; unexpected errors keep their traceback."""
     from hydra.errors import InstantiationException
 
-    from cocodet.config import UserError
+    from cocodet.errors import UserError
 
     try:
         return run(cfg)

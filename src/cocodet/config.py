@@ -12,15 +12,10 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-MODES = ("train", "bench", "plan", "preview", "eval", "predict", "export")
 
 
-class UserError(Exception):
-    """A mistake the user can fix (a value, an option, a path); printed as one line, exit 2."""
-
-
-class ConfigError(UserError, ValueError):
-    """A config value outside what its key allows."""
+from cocodet.errors import ConfigError, UserError  # noqa: F401  (UserError: what cli catches)
+from cocodet.modes import MODES
 
 
 @dataclass(frozen=True)

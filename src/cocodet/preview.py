@@ -7,7 +7,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from cocodet.data.flat_batch import restore, unrestore_uint8
+from cocodet.loader.flat_batch import restore, unrestore_uint8
 
 
 def draw_batch(images, targets, names: list[str], columns: int = 4) -> np.ndarray:

@@ -1,16 +1,10 @@
-"""The wait/work split (DESIGN §6, the book's harness).
-
-Every step is split into *wait* (blocked in ``next(iterator)``) and *work* (the consumer,
-CUDA-synchronised before the clock is read). Warm-up batches are discarded; examples/s is
-counted from the examples actually returned and is the verdict. The wait fraction only says
-where to look: it also falls when the work merely got slower.
-"""
+"""The bench harness (DESIGN §6): the timed loop over a loader, peaks of RSS and /dev/shm,
+and controlled CPU work (``spin``). The wait/work statistics are ``timing.measurement``'s."""
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
@@ -18,10 +12,7 @@ import psutil
 import torch
 
 from cocodet.loader.resources import shm_space
-
-
-def _ms(x: float) -> float:
-    return round(1000.0 * x, 3)
+from cocodet.timing.measurement import Measurement
 
 
 class PeakSampler:
@@ -64,53 +55,6 @@ class PeakSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-
-
-@dataclass
-class Measurement:
-    """Per-batch wait/work/examples across epochs, each epoch's first wait also kept apart.
-
-    The one implementation of the wait/work statistics: ``mode=bench`` and the training
-    callback both report through :meth:`report`, with the same keys.
-    """
-
-    waits: list[float] = field(default_factory=list)
-    works: list[float] = field(default_factory=list)
-    examples: list[int] = field(default_factory=list)
-    epoch_starts: list[float] = field(default_factory=list)  # first-batch wait of each epoch
-
-    def add(self, wait: float, work: float, examples: int, epoch_start: bool = False) -> None:
-        if epoch_start:
-            self.epoch_starts.append(wait)
-        self.waits.append(wait)
-        self.works.append(work)
-        self.examples.append(examples)
-
-    def report(self, warmup: int = 0) -> dict:
-        """Figures over every batch after the first ``warmup`` ones, epoch starts included:
-        across epochs, a start-up is part of what the loader sustains (on a small dataset
-        it is most of it). ``examples_per_s`` counts the examples actually returned."""
-        waits, works = np.array(self.waits[warmup:]), np.array(self.works[warmup:])
-        if len(waits) == 0:
-            raise ValueError(f"no batches left after discarding {warmup} warm-up batches; "
-                             f"measured {len(self.waits)} — raise bench.batches or lower bench.warmup")
-        examples = int(np.sum(self.examples[warmup:]))
-        total = float(waits.sum() + works.sum())
-        return {
-            "examples_per_s": round(examples / total, 3) if total > 0 else float("inf"),
-            "wait_mean_ms": _ms(waits.mean()),
-            "wait_p50_ms": _ms(np.percentile(waits, 50)),
-            "wait_p95_ms": _ms(np.percentile(waits, 95)),
-            "wait_max_ms": _ms(waits.max()),
-            "work_mean_ms": _ms(works.mean()),
-            "step_mean_ms": _ms((waits + works).mean()),
-            "wait_fraction": round(float(waits.sum() / total), 4) if total > 0 else 0.0,
-            "first_batch_s": round(self.epoch_starts[0], 4) if self.epoch_starts else None,
-            "epoch_start_s": [round(x, 4) for x in self.epoch_starts],
-            "batches": len(self.waits),
-            "measured_batches": len(waits),
-            "examples": examples,
-        }
 
 
 def measure(loader: Iterable, consume: Callable[[object], None], count: Callable[[object], int],
@@ -191,17 +135,3 @@ def storages_in(batch, shared_only: bool = False) -> int:
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
     return len(seen)
-
-
-def worker_memory(loader) -> list:
-    """psutil full memory info (rss, uss) of a loader's live workers (persistent ones survive
-    epochs); empty without workers. Reads the DataLoader's private iterator: torch offers no
-    public handle on its worker processes."""
-    iterator = getattr(loader, "_iterator", None)
-    out = []
-    for w in getattr(iterator, "_workers", []) if iterator is not None else []:
-        try:
-            out.append(psutil.Process(w.pid).memory_full_info())
-        except (psutil.Error, AttributeError, ValueError):
-            continue
-    return out

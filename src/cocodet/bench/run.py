@@ -10,13 +10,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from cocodet.bench.harness import Measurement, PeakSampler, calibrate_spin, measure, worker_memory
+from cocodet.bench.harness import PeakSampler, calibrate_spin, measure
 from cocodet.bench.producers import CostDataset, make_consumer
-from cocodet.bench.transfer import TransferTimer, to_device
+from cocodet.timing.measurement import Measurement
+from cocodet.timing.transfer import TransferTimer
+from cocodet.timing.workers import worker_memory
 from cocodet.data.coco import decode_image
-from cocodet.data.datamodule import CocoDataModule
+from cocodet.datamodule import CocoDataModule
 from cocodet.data.dataset import EpochSampler
-from cocodet.data.flat_batch import STATS_COLUMNS, FlatBatch, restore, update_digest
+from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, restore, to_device, update_digest
 from cocodet.loader.build import build_loader
 from cocodet.loader.policy import LoaderPlan
 
@@ -76,92 +78,103 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
     # would still be filling their queues and share the cores with the probe.
     decode_ms = decode_probe(datamodule, decode_probe_images) if producer == "dataset" and decode_probe_images > 0 else None
     iters_per_ms = calibrate_spin(1.0) if "spin" in (consumer, producer) else 0
-    if producer == "dataset":
-        loader = datamodule.train_dataloader()
-    else:
-        dataset = CostDataset(producer_samples, producer, producer_ms, iters_per_ms)
-        loader = build_loader(dataset, EpochSampler(len(dataset), 0, False), plan.batch_size, plan)
-    consume = make_consumer(consumer, work_ms, iters_per_ms, train_step)
-    cuda = device.type == "cuda"
+    loader = _bench_loader(datamodule, plan, producer, producer_ms, producer_samples, iters_per_ms)
     timer = TransferTimer()
-    if cuda and not preload:
-        step = consume
-
-        def consume(batch) -> None:
-            with timer.timing(device):
-                batch = to_device(batch, device)
-            step(batch)
+    consume = _timed_transfer(make_consumer(consumer, work_ms, iters_per_ms, train_step), device, timer, preload)
     if preload:
         loader = _preloaded(loader, device, warmup + (batches or len(loader)))
-    digest = hashlib.sha256()
-    stats_sum = np.zeros(len(STATS_COLUMNS))
-    stats_n = 0
-    digested = 0
-    skipped = 0
-
-    epoch = 0
-
-    def on_batch(batch: FlatBatch) -> None:
-        nonlocal stats_n, digested, skipped
-        if digested < digest_batches:
-            update_digest(digest, batch)
-            digested += 1
-        stats_sum[:] += batch.sample_stats.sum(0).cpu().numpy()
-        stats_n += batch.images.shape[0]
-        skipped += sum(1 for r in batch.skipped if r["role"] == "sample")
-        if producer == "dataset":  # the same per-batch accounting as training (bad_samples.jsonl)
-            datamodule.record_batch(batch, "train", epoch)
-
+    books = _Bookkeeping(digest_batches, datamodule.bad_samples if producer == "dataset" else None)
     m = Measurement()
     per_epoch = []
     with PeakSampler(shm_path) as peaks:
-        while epoch < epochs or (batches is not None and len(m.waits) < warmup + batches):
-            loader.set_epoch(epoch)
+        while books.epoch < epochs or (batches is not None and len(m.waits) < warmup + batches):
+            loader.set_epoch(books.epoch)
             wanted = None if batches is None else max(1, warmup + batches - len(m.waits))
             before = len(m.waits)
-            measure(loader, consume, count=lambda b: b.images.shape[0], max_batches=wanted, on_batch=on_batch,
-                    sync_cuda=cuda, into=m)
+            measure(loader, consume, count=lambda b: b.images.shape[0], max_batches=wanted, on_batch=books.on_batch,
+                    sync_cuda=device.type == "cuda", into=m)
             peaks.sample()
-            workers = worker_memory(loader)
-            # USS (pages only this worker holds) is what each extra worker really costs; it is
-            # the number to give loader.worker_footprint_mb.
-            per_epoch.append({
-                "epoch": epoch, "start_s": round(m.epoch_starts[-1], 4), "batches": len(m.waits) - before,
-                "worker_rss_mb": round(np.mean([mem.rss for mem in workers]) / 2**20, 1) if workers else None,
-                "worker_uss_mb": round(np.mean([mem.uss for mem in workers]) / 2**20, 1) if workers else None,
-            })
-            log.info("bench epoch %d: %s", epoch, per_epoch[-1])
-            epoch += 1
-    summary = {"mode": "bench", **m.report(min(warmup, max(0, len(m.waits) - 1)))}
-    stats = {c: v / max(1, stats_n) for c, v in zip(STATS_COLUMNS, stats_sum)}
-    summary.update(
-        batch_digest=digest.hexdigest() if digested else None,
-        digest_batches=digested,
-        consumer=consumer, producer=producer,
-        stage_ms_per_sample={c[:-2]: round(1000 * stats[c], 3) for c in STATS_COLUMNS if c.endswith("_s")},
-        pad_share=round(stats["pad_share"], 4),
-        decodes_per_sample=round(stats["decodes"], 3),
-        peak_rss_mb=round(peaks.peak_rss / 2**20, 1), peak_shm_mb=round(peaks.peak_shm / 2**20, 1),
-        skipped_samples=skipped,
-        epochs=per_epoch,
-        preloaded=preload,
-        **timer.summary(),
-    )
+            per_epoch.append(_epoch_row(books.epoch, m, before, worker_memory(loader)))
+            log.info("bench epoch %d: %s", books.epoch, per_epoch[-1])
+            books.epoch += 1
+    summary = {"mode": "bench", **m.report(min(warmup, max(0, len(m.waits) - 1))), **books.summary(),
+               "consumer": consumer, "producer": producer, "peak_rss_mb": round(peaks.peak_rss / 2**20, 1),
+               "peak_shm_mb": round(peaks.peak_shm / 2**20, 1), "epochs": per_epoch, "preloaded": preload,
+               **timer.summary()}
     if len(per_epoch) > 1 and per_epoch[0]["worker_rss_mb"]:
         summary["worker_rss_growth"] = round(per_epoch[-1]["worker_rss_mb"] / per_epoch[0]["worker_rss_mb"] - 1, 4)
         summary["worker_uss_mb"] = per_epoch[-1]["worker_uss_mb"]
     if decode_ms:
-        summary.update(decode_bounds(decode_ms, plan.usable_cpus, stats["decodes"]))
-        augment_ms = summary["stage_ms_per_sample"]["augment"]
-        summary["augment_vs_decode"] = round(augment_ms / decode_ms, 3)
+        summary.update(decode_bounds(decode_ms, plan.usable_cpus, books.stats["decodes"]))
+        summary["augment_vs_decode"] = round(summary["stage_ms_per_sample"]["augment"] / decode_ms, 3)
     summary.update({k: v for k, v in plan.summary().items() if k not in summary})
     return summary
 
 
+def _bench_loader(datamodule: CocoDataModule, plan: LoaderPlan, producer: str, producer_ms: float,
+                  producer_samples: int, iters_per_ms: int):
+    """The train loader, or the same loader over a controlled producer (sleep or spin)."""
+    if producer == "dataset":
+        return datamodule.train_dataloader()
+    dataset = CostDataset(producer_samples, producer, producer_ms, iters_per_ms)
+    return build_loader(dataset, EpochSampler(len(dataset), 0, False), plan.batch_size, plan)
+
+
+def _timed_transfer(step: Callable, device: torch.device, timer: TransferTimer, preload: bool) -> Callable:
+    """On CUDA (batches not preloaded), each batch's copy to the device timed, then ``step``."""
+    if device.type != "cuda" or preload:
+        return step
+
+    def consume(batch) -> None:
+        with timer.timing(device):
+            batch = to_device(batch, device)
+        step(batch)
+
+    return consume
+
+
+class _Bookkeeping:
+    """Per batch, outside the timed work: the digest of the first batches, the stage times per
+    sample, and (for the dataset producer) the same bad-sample accounting as training."""
+
+    def __init__(self, digest_batches: int, bad_samples):
+        self.digest, self.digest_batches, self.digested = hashlib.sha256(), digest_batches, 0
+        self.stats_sum, self.stats_n = np.zeros(len(STATS_COLUMNS)), 0
+        self.bad_samples, self.skipped, self.epoch = bad_samples, 0, 0
+
+    def on_batch(self, batch: FlatBatch) -> None:
+        if self.digested < self.digest_batches:
+            update_digest(self.digest, batch)
+            self.digested += 1
+        self.stats_sum += batch.sample_stats.sum(0).cpu().numpy()
+        self.stats_n += batch.images.shape[0]
+        if self.bad_samples is not None:  # bad_samples.jsonl, as in training
+            self.skipped += self.bad_samples.record(batch.skipped, batch.images.shape[0], "train", self.epoch)
+
+    @property
+    def stats(self) -> dict:
+        return {c: v / max(1, self.stats_n) for c, v in zip(STATS_COLUMNS, self.stats_sum)}
+
+    def summary(self) -> dict:
+        stats = self.stats
+        return {"batch_digest": self.digest.hexdigest() if self.digested else None, "digest_batches": self.digested,
+                "stage_ms_per_sample": {c[:-2]: round(1000 * stats[c], 3) for c in STATS_COLUMNS if c.endswith("_s")},
+                "pad_share": round(stats["pad_share"], 4), "decodes_per_sample": round(stats["decodes"], 3),
+                "skipped_samples": self.skipped}
+
+
+def _epoch_row(epoch: int, m: Measurement, before: int, workers: list) -> dict:
+    """One epoch's line: its start-up, batches and the workers' memory. USS (pages only this
+    worker holds) is what each extra worker really costs: the number for loader.worker_footprint_mb."""
+    return {"epoch": epoch, "start_s": round(m.epoch_starts[-1], 4), "batches": len(m.waits) - before,
+            "worker_rss_mb": round(np.mean([mem.rss for mem in workers]) / 2**20, 1) if workers else None,
+            "worker_uss_mb": round(np.mean([mem.uss for mem in workers]) / 2**20, 1) if workers else None}
+
+
 def model_step(module, device: torch.device, precision: str) -> Callable:
-    """The configured DetectorModule's own ``training_step`` and ``configure_optimizers``
-    (restore, forward, backward, optimizer step) on a batch already on ``device``, under the
-    run's mixed precision; without a Trainer, so the loader is what the bench measures."""
+    """The configured DetectorModule's detector and ``configure_optimizers`` (restore, forward
+    with the training losses, backward, optimizer step) on a batch already on ``device``, under
+    the run's mixed precision; without a Trainer, so the loader is what the bench measures."""
     module = module.to(device)
     module.train()
     optimizers = module.configure_optimizers()
@@ -169,17 +182,13 @@ def model_step(module, device: torch.device, precision: str) -> Callable:
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     autocast = device.type == "cuda" and dtype is not None
     scaler = torch.amp.GradScaler("cuda", enabled=autocast and dtype == torch.float16)
-    steps = 0
-
     def step(batch: FlatBatch) -> None:
-        nonlocal steps
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=autocast):
-            loss = module.training_step(restore(batch), steps)
+            loss = sum(module.model(*restore(batch)).values())
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-        steps += 1
 
     return step
 

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from cocodet.config import UserError
+from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -190,27 +190,9 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
         raise DatasetConfigError(f"image folder not found: {image_root} (set dataset.root / dataset.{{train,val}}_images)")
     image_root = Path(os.path.abspath(image_root))  # absolute paths: a cached index is read from any working directory
     data = load_coco_json(ann_file)
-    ids = [img.get("id") for img in data["images"]]
-    dup = sorted(i for i, n in Counter(ids).items() if n > 1)
-    if dup:
-        raise DatasetConfigError(f"{ann_file}: duplicate image ids {dup[:10]} ({len(dup)} in all); "
-                                 "COCO requires unique ids — deduplicate the 'images' list")
-    known_cats = {c["id"] for c in data["categories"]}
-    unknown = sorted({a["category_id"] for a in data["annotations"]} - known_cats)
-    if unknown:
-        raise DatasetConfigError(f"{ann_file}: annotations use category ids {unknown} that are not in "
-                                 f"'categories' {sorted(known_cats)}; fix the file or remove those annotations")
-
-    anns_of: dict[int, list[dict]] = {}
-    for a in data["annotations"]:
-        a.pop("segmentation", None)  # most of the parsed JSON; freed now so the arrays below reuse it
-        anns_of.setdefault(a["image_id"], []).append(a)
-    image_id_set = set(ids)
-    dropped = {"missing_image": sum(len(v) for k, v in anns_of.items() if k not in image_id_set)}
-    if dropped["missing_image"]:
-        log.warning("%s: %d annotations point at image ids not in 'images'; dropped", ann_file, dropped["missing_image"])
-
-    category_ids = np.array(sorted(known_cats), dtype=np.int64)
+    _check_ids(data, ann_file)
+    anns_of, dropped = _annotations_by_image(data, ann_file)
+    category_ids = np.array(sorted({c["id"] for c in data["categories"]}), dtype=np.int64)
     names = {c["id"]: c.get("name", str(c["id"])) for c in data["categories"]}
     label_of = {int(c): k + 1 for k, c in enumerate(category_ids)}
 
@@ -221,16 +203,7 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
     images = sorted(data["images"], key=lambda im: im["id"])
     for img in tqdm(images, desc=f"indexing {ann_file.name}", unit="image", disable=len(images) < 20_000,
                     mininterval=2.0):
-        kept = []
-        for a in anns_of.get(img["id"], []):
-            if a.get("iscrowd", 0):
-                dropped["crowd"] += 1  # left to COCOeval, which ignores detections matched to crowds
-                continue
-            x, y, w, h = a["bbox"]
-            if not (w > 0 and h > 0):
-                dropped["degenerate_box"] += 1
-                continue
-            kept.append(([x, y, x + w, y + h], label_of[a["category_id"]]))
+        kept = _training_boxes(anns_of.get(img["id"], []), label_of, dropped)
         if not kept and not keep_empty:
             dropped["empty_image"] += 1
             continue
@@ -257,6 +230,49 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
         ann_file=str(ann_file),
         dropped=dropped,
     )
+
+
+def _check_ids(data: dict, ann_file: Path) -> None:
+    """Refuse duplicate image ids and annotations of categories the file does not declare."""
+    dup = sorted(i for i, n in Counter(img.get("id") for img in data["images"]).items() if n > 1)
+    if dup:
+        raise DatasetConfigError(f"{ann_file}: duplicate image ids {dup[:10]} ({len(dup)} in all); "
+                                 "COCO requires unique ids — deduplicate the 'images' list")
+    known_cats = {c["id"] for c in data["categories"]}
+    unknown = sorted({a["category_id"] for a in data["annotations"]} - known_cats)
+    if unknown:
+        raise DatasetConfigError(f"{ann_file}: annotations use category ids {unknown} that are not in "
+                                 f"'categories' {sorted(known_cats)}; fix the file or remove those annotations")
+
+
+def _annotations_by_image(data: dict, ann_file: Path) -> tuple[dict[int, list[dict]], dict[str, int]]:
+    """Annotations grouped by image id (segmentations freed), and the count of those whose
+    image id is not among the images (dropped)."""
+    anns_of: dict[int, list[dict]] = {}
+    for a in data["annotations"]:
+        a.pop("segmentation", None)  # most of the parsed JSON; freed now so the arrays below reuse it
+        anns_of.setdefault(a["image_id"], []).append(a)
+    image_id_set = {img.get("id") for img in data["images"]}
+    dropped = {"missing_image": sum(len(v) for k, v in anns_of.items() if k not in image_id_set)}
+    if dropped["missing_image"]:
+        log.warning("%s: %d annotations point at image ids not in 'images'; dropped", ann_file, dropped["missing_image"])
+    return anns_of, dropped
+
+
+def _training_boxes(anns: list[dict], label_of: dict[int, int], dropped: dict[str, int]) -> list[tuple[list, int]]:
+    """(xyxy box, contiguous label) of the annotations a detector trains on; crowd regions and
+    boxes without area are counted in ``dropped`` instead."""
+    kept = []
+    for a in anns:
+        if a.get("iscrowd", 0):
+            dropped["crowd"] += 1  # left to COCOeval, which ignores detections matched to crowds
+            continue
+        x, y, w, h = a["bbox"]
+        if not (w > 0 and h > 0):
+            dropped["degenerate_box"] += 1
+            continue
+        kept.append(([x, y, x + w, y + h], label_of[a["category_id"]]))
+    return kept
 
 
 def _read(index: CocoIndex, k: int) -> tuple[str, int, bytes]:

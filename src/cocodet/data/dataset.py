@@ -22,8 +22,9 @@ import numpy as np
 import torch.utils.data
 
 from cocodet.data.augment import Recipe
+from cocodet.data.bad_samples import skip_record
 from cocodet.data.coco import BadSampleError, CocoIndex, Source, load_resized
-from cocodet.data.flat_batch import BatchKeys
+from cocodet.sample import BatchKeys, make_sample
 
 MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not worth continuing
 
@@ -58,8 +59,7 @@ class DetectionDataset(torch.utils.data.Dataset):
         """The bad_samples.jsonl record for a skipped image; re-raises in raise mode."""
         if self.on_bad_sample == "raise":
             raise error
-        return {"epoch": epoch, "index": index, "image_id": error.image_id, "file": error.path,
-                "reason": error.reason, "role": role}
+        return skip_record(error, epoch, index, role)
 
     def _load(self, k: int, timings: np.ndarray) -> Source:
         if self.pixel_cache is not None:
@@ -130,18 +130,10 @@ class DetectionDataset(torch.utils.data.Dataset):
         t0 = time.perf_counter()
         out = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
         timings[2] = time.perf_counter() - t0
-        return {
-            "image": out.image,
-            "boxes": out.boxes,
-            "labels": out.labels,
-            "key": (epoch, i),
-            "image_id": int(self.index.image_ids[k]),
-            "to_original": np.array([*primary.orig_hw, primary.scale * out.scale], dtype=np.float32),
-            "stage_seconds": timings[:3],
-            "decodes": int(timings[3]),
-            "pad_share": out.pad_share,
-            "skipped": skipped,
-        }
+        return make_sample(out.image, out.boxes, out.labels, (epoch, i), int(self.index.image_ids[k]),
+                           np.array([*primary.orig_hw, primary.scale * out.scale], dtype=np.float32),
+                           stage_seconds=timings[:3], pad_share=out.pad_share, decodes=int(timings[3]),
+                           skipped=skipped)
 
 
 def _unpack(key: Any) -> tuple[int, int, tuple]:

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from cocodet.config import UserError
+from cocodet.errors import UserError
 from cocodet.data.coco import BadSampleError, CocoIndex, Source, _clip_targets, load_resized
 from cocodet.data.index_cache import build_once
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from cocodet.config import UserError
+from cocodet.errors import UserError
 
 
 class CheckpointError(UserError):

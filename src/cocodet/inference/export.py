@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from cocodet.config import UserError
+from cocodet.errors import UserError
 from cocodet.data.augment import PAD_VALUE
 
 log = logging.getLogger(__name__)

@@ -23,14 +23,15 @@ import torch.utils.data
 from PIL import Image
 from tqdm import tqdm
 
-from cocodet.bench.transfer import to_device
-from cocodet.config import UserError
+from cocodet.errors import UserError
 from cocodet.data.augment import Letterbox
+from cocodet.data.bad_samples import append_records, skip_record
 from cocodet.data.coco import BadSampleError, decode_resized
 from cocodet.data.dataset import EpochSampler
-from cocodet.data.flat_batch import restore
+from cocodet.loader.flat_batch import restore, to_device
 from cocodet.loader.build import build_loader
 from cocodet.models.evaluation import detections_to_coco, to_original_frame
+from cocodet.sample import make_sample
 
 log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
@@ -87,17 +88,16 @@ class ImageFolderDataset(torch.utils.data.Dataset):
                 raise error from None
             s = self.letterbox.image_size
             image, orig_hw, scale = np.full((s, s, 3), 114, np.uint8), (s, s), 1.0
-            skipped = [{"epoch": epoch, "index": i, "image_id": error.image_id, "file": error.path,
-                        "reason": error.reason, "role": "sample"}]
+            skipped = [skip_record(error, epoch, i, "sample")]
             image_id = -1
         else:
             skipped, image_id = [], self.image_ids[i]
         decoded = time.perf_counter()
         out = self.letterbox((image, np.zeros((0, 4), np.float32), np.zeros(0, np.int64)), None, [])
-        return {"image": out.image, "boxes": out.boxes, "labels": out.labels, "key": (epoch, i), "image_id": image_id,
-                "to_original": np.array([*orig_hw, scale * out.scale], np.float32),
-                "stage_seconds": np.array([0.0, decoded - t0, time.perf_counter() - decoded]),
-                "pad_share": out.pad_share, "skipped": skipped}
+        return make_sample(out.image, out.boxes, out.labels, (epoch, i), image_id,
+                           np.array([*orig_hw, scale * out.scale], np.float32),
+                           stage_seconds=np.array([0.0, decoded - t0, time.perf_counter() - decoded]),
+                           pad_share=out.pad_share, skipped=skipped)
 
 
 def assign_ids(files: list[Path], known: dict[str, int]) -> list[int]:
@@ -150,10 +150,7 @@ def predict(module, datamodule, plan, *, source: str, score_threshold: float, dr
         json.dump(results, f)
     images_meta = [{"id": i, "file_name": str(p)} for p, i in zip(files, ids)]
     (run_dir / "images.json").write_text(json.dumps(images_meta))
-    if bad:
-        with open(run_dir / "bad_samples.jsonl", "a") as f:
-            for record in bad:
-                f.write(json.dumps({"stage": "predict", **record}) + "\n")
+    append_records(run_dir, "predict", bad)
     log.info("predicted %d images (%d unreadable): %d detections >= %.2f in %s", len(files), len(bad), len(results),
              score_threshold, run_dir / "predictions.json")
     return {"mode": "predict", "images": len(files), "bad_images": len(bad), "detections": len(results),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch.utils.data
 
-from cocodet.config import UserError
-from cocodet.data.flat_batch import BatchKeys, PartJoiner, flatten
+from cocodet.errors import UserError
+from cocodet.loader.flat_batch import PartJoiner, flatten
 from cocodet.loader.hang import watchdog
 from cocodet.loader.policy import LoaderPlan
 from cocodet.loader.worker import worker_init_fn
 from cocodet.loader.worker_deaths import fetching
+from cocodet.sample import BatchKeys
 
 
 def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sampler, batch_size: int,

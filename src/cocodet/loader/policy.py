@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
-from cocodet.config import ConfigError
+from cocodet.errors import ConfigError
 from cocodet.loader.resources import HostResources
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,32 @@ def _shm_budget(res: HostResources) -> int | None:
     return res.shm_free_bytes // 2 // max(1, res.local_world_size)
 
 
+@dataclass(frozen=True)
+class _Budget:
+    """What the host allows this rank's loaders, and what one worker costs."""
+    shm: int | None  # bytes of /dev/shm (None: no shm filesystem, not capped)
+    mem_room: int  # bytes of memory for workers after the main process's headroom
+    footprint: int  # one worker's own memory
+    largest_batch: int  # the larger of a train and a val batch, in a worker's queue
+    worker_sets: int  # 2 with persistent workers: the train and the val workers live side by side
+    ranks: int
+
+
+@dataclass
+class _Draft:
+    """The plan as the steps of ``plan_loader`` shape it."""
+    workers: int
+    prefetch: int
+    part_images: int | None
+    ship_bytes: int  # bytes of one shm transfer: a batch, or a part of one
+    per_image: float
+    caps: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def shm_limit(self, budget: int | None, prefetch: int) -> int | None:
+        return None if budget is None else budget // (prefetch * self.ship_bytes)
+
+
 def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes: int, prefetch_factor: int,
                 resources: HostResources, cuda: bool, pin_memory: bool | str = "auto",
                 persistent_workers: bool = True, worker_footprint_bytes: int | None = None,
@@ -142,7 +168,7 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
     Args:
         policy: "auto", "explicit" or "inherited".
         requested: the explicit or inherited count (ignored by auto).
-        batch_bytes: bytes of one transported batch (see flat_batch.batch_bytes).
+        batch_bytes: bytes of one transported batch (see flat_layout.batch_bytes).
         resources: a HostResources snapshot (resources.probe()).
         cuda: batches go to a CUDA device (pin_memory="auto" pins only then).
         part_images: ship batches in parts of this many images (None: whole batches, or parts
@@ -153,129 +179,164 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
             memory cap budgets each worker's queue at the larger of the two, and, with
             persistent workers, the train and the val workers, which are alive together.
     """
+    _check_request(policy, requested, prefetch_factor)
+    ranks = max(1, resources.local_world_size)
+    footprint = worker_footprint_bytes or DEFAULT_WORKER_FOOTPRINT
+    # Each local rank plans alone, so each gets its share of the host's memory.
+    budget = _Budget(shm=_shm_budget(resources),
+                     mem_room=resources.memory_available_bytes // ranks - MAIN_PROCESS_HEADROOM,
+                     footprint=footprint, largest_batch=max(batch_bytes, val_batch_bytes or 0),
+                     worker_sets=2 if persistent_workers else 1, ranks=ranks)
+    per_image = batch_bytes / batch_size
+    if part_images is not None and part_images >= batch_size:
+        part_images = None
+    draft = _Draft(workers=0, prefetch=prefetch_factor, part_images=part_images, per_image=per_image,
+                   ship_bytes=batch_bytes if part_images is None else int(per_image * part_images))
+    if policy == "explicit":
+        draft.workers = requested
+    else:
+        draft.workers = min(resources.usable_cpus, batch_size) if policy == "auto" else requested
+        if policy == "inherited":
+            _cap_cpu(draft, resources)
+        _cap_shm(draft, budget, resources, batch_bytes, partner_pool)
+        _cap_memory(draft, budget, resources)
+    _warn(draft, policy, budget, resources)
+    return _final_plan(draft, policy, requested, batch_size, batch_bytes, resources, budget, cuda=cuda,
+                       pin_memory=pin_memory, persistent_workers=persistent_workers,
+                       footprint_given=bool(worker_footprint_bytes), timeout_s=timeout_s)
+
+
+def _check_request(policy: str, requested: int | None, prefetch_factor: int) -> None:
     if policy not in ("auto", "explicit", "inherited"):
         raise ValueError(f"unknown loader policy {policy!r}; choose auto, explicit or inherited")
     if policy != "auto" and (requested is None or requested < 0):
         raise ValueError(f"loader policy {policy!r} needs a worker count >= 0, got {requested!r}")
     if prefetch_factor < 1:
         raise ValueError(f"loader.prefetch_factor must be >= 1, got {prefetch_factor}")
-    footprint = worker_footprint_bytes or DEFAULT_WORKER_FOOTPRINT
-    caps: list[dict] = []
-    warnings: list[str] = []
-    budget = _shm_budget(resources)
-    cpus = resources.usable_cpus
-    ranks = max(1, resources.local_world_size)
-    # Each local rank plans alone, so each gets its share of the host's memory.
-    mem_room = resources.memory_available_bytes // ranks - MAIN_PROCESS_HEADROOM
 
-    per_image = batch_bytes / batch_size
-    if part_images is not None and part_images >= batch_size:
-        part_images = None
-    ship_bytes = batch_bytes if part_images is None else int(per_image * part_images)  # one shm transfer
 
-    def shm_limit(prefetch: int) -> int | None:
-        return None if budget is None else budget // (prefetch * ship_bytes)
+def _cap_cpu(d: _Draft, res: HostResources) -> None:
+    """An inherited count is a ceiling: no more workers than this rank's usable CPUs."""
+    cpus = res.usable_cpus
+    d.caps.append({"name": "cpu", "limit": cpus, "applied": d.workers > cpus,
+                   "reason": f"{cpus} usable CPUs for this rank (affinity {res.affinity_cpus}, "
+                             f"quota {res.cgroup_cpus}, {res.local_world_size} local ranks)"})
+    d.workers = min(d.workers, cpus)
 
-    largest_batch = max(batch_bytes, val_batch_bytes or 0)
-    worker_sets = 2 if persistent_workers else 1  # persistent train and val workers live side by side
 
-    def mem_limit(prefetch: int) -> int:
-        return max(0, mem_room // (worker_sets * (footprint + prefetch * largest_batch)))
+def _cap_shm(d: _Draft, b: _Budget, res: HostResources, batch_bytes: int, partner_pool: int) -> None:
+    """In-flight transfers fit the rank's shm budget; when not one worker's queue does, lower
+    prefetch, then ship batches in parts, then load in the main process."""
+    limit = d.shm_limit(b.shm, d.prefetch)
+    if limit is None:
+        d.caps.append({"name": "shm", "limit": None, "applied": False,
+                       "reason": f"no shm filesystem at {res.shm_path}: not capped"})
+        return
+    applied = d.workers > max(1, limit)
+    reason = (f"workers x prefetch {d.prefetch} x {d.ship_bytes / MiB:.1f} MiB <= half of "
+              f"{res.shm_free_bytes / MiB:.1f} MiB free shm / {res.local_world_size} ranks = {b.shm / MiB:.1f} MiB")
+    if d.workers > 0 and limit == 0:
+        limit, more = _shrink_to_fit_shm(d, b, batch_bytes, partner_pool)
+        applied, reason = True, reason + more
+    d.caps.append({"name": "shm", "limit": max(limit, 0), "applied": applied, "reason": reason})
+    d.workers = min(d.workers, max(1, limit)) if limit >= 1 else 0
 
-    if policy == "explicit":
-        workers = requested
-    else:
-        workers = min(cpus, batch_size) if policy == "auto" else requested
-        if policy == "inherited":
-            caps.append({"name": "cpu", "limit": cpus, "applied": workers > cpus,
-                         "reason": f"{cpus} usable CPUs for this rank (affinity {resources.affinity_cpus}, "
-                                   f"quota {resources.cgroup_cpus}, {resources.local_world_size} local ranks)"})
-            workers = min(workers, cpus)
-        limit = shm_limit(prefetch_factor)
-        if limit is None:
-            caps.append({"name": "shm", "limit": None, "applied": False, "reason": f"no shm filesystem at {resources.shm_path}: not capped"})
+
+def _shrink_to_fit_shm(d: _Draft, b: _Budget, batch_bytes: int, partner_pool: int) -> tuple[int, str]:
+    """Not even one worker's queue fits: shrink the queue before giving up on workers. Returns
+    the shm limit on workers and the reason's addition."""
+    fit = int(b.shm // d.per_image)  # whole images that fit the budget at once
+    shm_size = -(-4 * batch_bytes // MiB)
+    if d.shm_limit(b.shm, 1) >= 1:
+        d.prefetch = 1
+        return 1, "; one worker at prefetch 1 fits, so prefetch lowered to 1"
+    if d.part_images is None and fit >= 1:
+        # Ship each batch in parts that fit: one part per worker in flight. Parts are whole
+        # partner pools when one fits (a part that splits a pool decodes the partners it draws
+        # from the other part again), fewer workers if need be.
+        if partner_pool > 1 and fit >= partner_pool:
+            d.workers = min(d.workers, fit // partner_pool)
+            d.part_images = (fit // d.workers) // partner_pool * partner_pool
         else:
-            applied = workers > max(1, limit)
-            reason = (f"workers x prefetch {prefetch_factor} x {ship_bytes / MiB:.1f} MiB <= half of "
-                      f"{resources.shm_free_bytes / MiB:.1f} MiB free shm / {resources.local_world_size} ranks = {budget / MiB:.1f} MiB")
-            if workers > 0 and limit == 0:
-                # Not even one worker's queue fits: shrink the queue before giving up on workers.
-                fit = int(budget // per_image)  # whole images that fit the budget at once
-                if shm_limit(1) >= 1:
-                    prefetch_factor, applied = 1, True
-                    reason += f"; one worker at prefetch {prefetch_factor} fits, so prefetch lowered to 1"
-                    limit = 1
-                elif part_images is None and fit >= 1:
-                    # Ship each batch in parts that fit: one part per worker in flight. Parts
-                    # are whole partner pools when one fits (a part that splits a pool decodes
-                    # the partners it draws from the other part again), fewer workers if need be.
-                    if partner_pool > 1 and fit >= partner_pool:
-                        workers = min(workers, fit // partner_pool)
-                        part_images = (fit // workers) // partner_pool * partner_pool
-                    else:
-                        workers = min(workers, fit)
-                        part_images = fit // workers
-                    ship_bytes = int(per_image * part_images)
-                    prefetch_factor, applied, limit = 1, True, workers
-                    reason += (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds the budget, so workers ship it in "
-                               f"parts of {part_images} images ({ship_bytes / MiB:.1f} MiB) at prefetch 1, joined "
-                               f"before the step; --shm-size >= {-(-4 * batch_bytes // MiB)}m ships whole batches")
-                else:
-                    reason += (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds the budget, so batches are "
-                               f"loaded in the main process (no shm); give the container --shm-size >= "
-                               f"{-(-4 * batch_bytes // MiB)}m or lower loader.batch_size to use workers")
-                    applied = True
-            caps.append({"name": "shm", "limit": max(limit, 0), "applied": applied, "reason": reason})
-            workers = min(workers, max(1, limit)) if limit >= 1 else 0
-        m = mem_limit(prefetch_factor)
-        applied = workers > max(1, m)
-        caps.append({"name": "memory", "limit": m, "applied": applied,
-                     "reason": f"{'2 (train + val, persistent) x ' if worker_sets == 2 else ''}workers x "
-                               f"({footprint / MiB:.0f} MiB footprint + prefetch x {largest_batch / MiB:.1f} MiB, the "
-                               f"larger of the train and val batches) <= "
-                               f"{resources.memory_available_bytes / MiB:.0f} MiB available ({resources.memory_source}) "
-                               f"{f'/ {ranks} local ranks ' if ranks > 1 else ''}"
-                               f"- {MAIN_PROCESS_HEADROOM / MiB:.0f} MiB main-process headroom"})
-        if applied:
-            workers = max(1, m)
+            d.workers = min(d.workers, fit)
+            d.part_images = fit // d.workers
+        d.ship_bytes, d.prefetch = int(d.per_image * d.part_images), 1
+        return d.workers, (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds the budget, so workers ship it in "
+                           f"parts of {d.part_images} images ({d.ship_bytes / MiB:.1f} MiB) at prefetch 1, joined "
+                           f"before the step; --shm-size >= {shm_size}m ships whole batches")
+    return 0, (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds the budget, so batches are loaded in the main "
+               f"process (no shm); give the container --shm-size >= {shm_size}m or lower loader.batch_size to use "
+               "workers")
 
-    inflight_batches = workers * prefetch_factor
-    inflight_bytes = inflight_batches * ship_bytes
-    inflight_fds = inflight_batches * TENSORS_PER_BATCH
+
+def _cap_memory(d: _Draft, b: _Budget, res: HostResources) -> None:
+    """Workers (both sets when persistent) with their queues fit the rank's memory."""
+    m = max(0, b.mem_room // (b.worker_sets * (b.footprint + d.prefetch * b.largest_batch)))
+    applied = d.workers > max(1, m)
+    d.caps.append({"name": "memory", "limit": m, "applied": applied,
+                   "reason": f"{'2 (train + val, persistent) x ' if b.worker_sets == 2 else ''}workers x "
+                             f"({b.footprint / MiB:.0f} MiB footprint + prefetch x {b.largest_batch / MiB:.1f} MiB, the "
+                             f"larger of the train and val batches) <= "
+                             f"{res.memory_available_bytes / MiB:.0f} MiB available ({res.memory_source}) "
+                             f"{f'/ {b.ranks} local ranks ' if b.ranks > 1 else ''}"
+                             f"- {MAIN_PROCESS_HEADROOM / MiB:.0f} MiB main-process headroom"})
+    if applied:
+        d.workers = max(1, m)
+
+
+def _warn(d: _Draft, policy: str, b: _Budget, res: HostResources) -> None:
+    """Warnings with the numbers: an explicit count over a budget, fds and maps near their limits."""
+    inflight_fds = d.workers * d.prefetch * TENSORS_PER_BATCH
     if policy == "explicit":
-        if workers > cpus:
-            warnings.append(f"{workers} workers on {cpus} usable CPUs: workers will contend for cores and each step may get slower")
-        if budget is not None and workers > 0 and inflight_bytes > budget:
-            warnings.append(f"in-flight batches need {workers} x {prefetch_factor} x {ship_bytes / MiB:.1f} MiB = "
-                            f"{inflight_bytes / MiB:.1f} MiB of shm but the budget is {budget / MiB:.1f} MiB "
-                            f"({resources.shm_free_bytes / MiB:.1f} MiB free at {resources.shm_path}); expect 'Bus error' or "
-                            f"'No space left on device'. Fix: loader=auto, a lower loader.prefetch_factor, "
-                            f"loader.part_images={max(1, int(budget // (workers * prefetch_factor * per_image)))}, or --shm-size")
-        if workers > 0 and worker_sets * workers * (footprint + prefetch_factor * largest_batch) > mem_room:
-            warnings.append(f"{worker_sets * workers} workers (train and val) x "
-                            f"~{(footprint + prefetch_factor * largest_batch) / MiB:.0f} MiB may exceed the "
-                            f"{resources.memory_available_bytes / MiB:.0f} MiB available; the OOM killer would end workers with SIGKILL")
-    if workers > 0 and inflight_fds + 64 > resources.nofile_soft:
-        warnings.append(f"{inflight_fds} fds in flight near RLIMIT_NOFILE {resources.nofile_soft}: raise `ulimit -n`")
+        _warn_explicit(d, b, res)
+    if d.workers > 0 and inflight_fds + 64 > res.nofile_soft:
+        d.warnings.append(f"{inflight_fds} fds in flight near RLIMIT_NOFILE {res.nofile_soft}: raise `ulimit -n`")
     # Every in-flight storage is also one memory map; the process's other maps (libraries,
     # allocator arenas) take thousands more, so warn at half of vm.max_map_count.
-    if workers > 0 and resources.max_map_count and inflight_fds > resources.max_map_count // 2:
-        warnings.append(f"{inflight_fds} memory maps in flight against vm.max_map_count {resources.max_map_count}: "
-                        "expect 'unable to mmap N bytes'; lower loader.prefetch_factor or workers (the sysctl is "
-                        "the host's to raise)")
+    if d.workers > 0 and res.max_map_count and inflight_fds > res.max_map_count // 2:
+        d.warnings.append(f"{inflight_fds} memory maps in flight against vm.max_map_count {res.max_map_count}: "
+                          "expect 'unable to mmap N bytes'; lower loader.prefetch_factor or workers (the sysctl is "
+                          "the host's to raise)")
+
+
+def _warn_explicit(d: _Draft, b: _Budget, res: HostResources) -> None:
+    """An explicit count is honoured; say what it exceeds."""
+    workers, prefetch = d.workers, d.prefetch
+    inflight_bytes = workers * prefetch * d.ship_bytes
+    if workers > res.usable_cpus:
+        d.warnings.append(f"{workers} workers on {res.usable_cpus} usable CPUs: workers will contend for cores and "
+                          "each step may get slower")
+    if b.shm is not None and workers > 0 and inflight_bytes > b.shm:
+        d.warnings.append(f"in-flight batches need {workers} x {prefetch} x {d.ship_bytes / MiB:.1f} MiB = "
+                          f"{inflight_bytes / MiB:.1f} MiB of shm but the budget is {b.shm / MiB:.1f} MiB "
+                          f"({res.shm_free_bytes / MiB:.1f} MiB free at {res.shm_path}); expect 'Bus error' or "
+                          f"'No space left on device'. Fix: loader=auto, a lower loader.prefetch_factor, "
+                          f"loader.part_images={max(1, int(b.shm // (workers * prefetch * d.per_image)))}, or --shm-size")
+    if workers > 0 and b.worker_sets * workers * (b.footprint + prefetch * b.largest_batch) > b.mem_room:
+        d.warnings.append(f"{b.worker_sets * workers} workers (train and val) x "
+                          f"~{(b.footprint + prefetch * b.largest_batch) / MiB:.0f} MiB may exceed the "
+                          f"{res.memory_available_bytes / MiB:.0f} MiB available; the OOM killer would end workers "
+                          "with SIGKILL")
+
+
+def _final_plan(d: _Draft, policy: str, requested: int | None, batch_size: int, batch_bytes: int,
+                res: HostResources, b: _Budget, *, cuda: bool, pin_memory: bool | str, persistent_workers: bool,
+                footprint_given: bool, timeout_s: float) -> LoaderPlan:
+    """The LoaderPlan of a finished draft; nothing PyTorch rejects at num_workers=0."""
+    with_workers = d.workers > 0
+    inflight = d.workers * d.prefetch
     return LoaderPlan(
-        num_workers=workers, source=policy, requested=requested, batch_size=batch_size, batch_bytes=batch_bytes,
-        part_images=part_images if workers > 0 else None,
-        prefetch_factor=prefetch_factor if workers > 0 else None,
+        num_workers=d.workers, source=policy, requested=requested, batch_size=batch_size, batch_bytes=batch_bytes,
+        part_images=d.part_images if with_workers else None,
+        prefetch_factor=d.prefetch if with_workers else None,
         pin_memory=bool(cuda) if pin_memory == "auto" else bool(pin_memory),
-        persistent_workers=bool(persistent_workers and workers > 0),
-        shm_free_bytes=resources.shm_free_bytes, shm_budget_bytes=budget,
-        inflight_bytes=inflight_bytes if workers > 0 else 0, fds_per_batch=TENSORS_PER_BATCH,
-        inflight_fds=inflight_fds if workers > 0 else 0, nofile_soft=resources.nofile_soft,
-        max_map_count=resources.max_map_count, usable_cpus=cpus,
-        memory_available_bytes=resources.memory_available_bytes, worker_footprint_bytes=footprint,
-        footprint_source="given" if worker_footprint_bytes else "estimated", timeout_s=float(timeout_s),
-        local_ranks=ranks, host_cpus=min(resources.affinity_cpus, int(resources.cgroup_cpus or resources.affinity_cpus)),
-        caps=caps,
-        warnings=warnings,
+        persistent_workers=bool(persistent_workers and with_workers),
+        shm_free_bytes=res.shm_free_bytes, shm_budget_bytes=b.shm,
+        inflight_bytes=inflight * d.ship_bytes if with_workers else 0, fds_per_batch=TENSORS_PER_BATCH,
+        inflight_fds=inflight * TENSORS_PER_BATCH if with_workers else 0, nofile_soft=res.nofile_soft,
+        max_map_count=res.max_map_count, usable_cpus=res.usable_cpus,
+        memory_available_bytes=res.memory_available_bytes, worker_footprint_bytes=b.footprint,
+        footprint_source="given" if footprint_given else "estimated", timeout_s=float(timeout_s),
+        local_ranks=b.ranks, host_cpus=min(res.affinity_cpus, int(res.cgroup_cpus or res.affinity_cpus)),
+        caps=d.caps, warnings=d.warnings,
     )

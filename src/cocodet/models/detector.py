@@ -57,10 +57,9 @@ class DetectorModule(L.LightningModule):
         images, targets = batch
         losses = self.model(images, targets)
         loss = sum(losses.values())
-        if self._trainer is not None:  # the bench's model consumer steps without a Trainer
-            bs = len(images)
-            self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
-            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
+        bs = len(images)
+        self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
         return loss
 
     def on_validation_epoch_start(self):

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from cocodet.bench.callback import LoaderTimingCallback
+from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.policy import LoaderPlan
 from cocodet.models.preemption import PreemptionCheckpoint

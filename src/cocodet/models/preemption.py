@@ -16,7 +16,7 @@ from pathlib import Path
 
 import lightning as L
 
-from cocodet.config import UserError
+from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Host-to-device copy time, measured apart from the loader wait (the chapter's advice).
+"""Host-to-device copy time, measured apart from the loader wait (README, Benchmarks: the transfer is not the loader's wait).
 
 On CUDA the copy is bracketed by CUDA events on the current stream and read later, so timing
 does not serialise the copy with the step; elsewhere a wall clock brackets the (synchronous)
@@ -69,7 +69,3 @@ class _Span:
         else:
             self.timer.seconds.append(time.perf_counter() - self.t0)
 
-
-def to_device(batch, device: torch.device):
-    """Move a FlatBatch (or any tuple of tensors): non-blocking, which overlaps only from pinned memory."""
-    return type(batch)(*(t.to(device, non_blocking=True) if torch.is_tensor(t) else t for t in batch))

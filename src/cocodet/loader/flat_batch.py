@@ -31,9 +31,7 @@ import cv2
 import numpy as np
 import torch
 
-from cocodet.data.flat_layout import STATS_COLUMNS, batch_bytes, round_up  # noqa: F401  (batch_bytes: re-exported)
-
-
+from cocodet.loader.flat_layout import STATS_COLUMNS, round_up
 
 class FlatBatch(NamedTuple):
     images: torch.Tensor
@@ -48,18 +46,6 @@ class FlatBatch(NamedTuple):
     part: tuple = ()
     epoch_end: bool = False
 
-
-class BatchKeys(list):
-    """The keys of one batch (or part k of n of it: ``part``), and whether it ends its epoch:
-    what the batch sampler knows and the collate needs. The dataset hands both on with the
-    samples (``with_samples``)."""
-
-    def __init__(self, keys, part: tuple = (), epoch_end: bool = False):
-        super().__init__(keys)
-        self.part, self.epoch_end = part, epoch_end
-
-    def with_samples(self, samples: list) -> "BatchKeys":
-        return BatchKeys(samples, self.part, self.epoch_end)
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -109,7 +95,7 @@ def _from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 def flatten(samples: list[dict]) -> FlatBatch:
-    """Collate samples from :class:`~cocodet.data.dataset.DetectionDataset` into a FlatBatch."""
+    """Collate samples (``cocodet.sample.make_sample``) into a FlatBatch."""
     t0 = time.perf_counter()
     b = len(samples)
     hs = [s["image"].shape[0] for s in samples]
@@ -211,6 +197,11 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
         for k in range(len(sizes))
     ]
     return out_images, targets
+
+
+def to_device(batch, device: torch.device):
+    """Move a FlatBatch (or any tuple of tensors): non-blocking, which overlaps only from pinned memory."""
+    return type(batch)(*(t.to(device, non_blocking=True) if torch.is_tensor(t) else t for t in batch))
 
 
 def unrestore_uint8(images: list[torch.Tensor]) -> list[torch.Tensor]:

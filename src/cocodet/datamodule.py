@@ -1,0 +1,193 @@
+"""The COCO LightningDataModule: the composition root of data, loader and timing.
+
+It builds the splits' datasets and hands them to the loader builder; what it records per batch
+it delegates: the train stream's position and digest to a :class:`StreamLedger`, bad samples
+to a :class:`BadSampleLedger`, copy times to a :class:`TransferTimer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from cocodet.data.augment import Letterbox, Recipe
+from cocodet.data.bad_samples import BadSampleLedger
+from cocodet.data.dataset import DetectionDataset, EpochSampler
+from cocodet.data.pixel_cache import open_pixel_cache
+from cocodet.data.splits import load_splits
+from cocodet.data.verify import verify_indexes
+from cocodet.errors import UserError
+from cocodet.loader.build import StreamPosition, build_loader
+from cocodet.loader.flat_batch import FlatBatch, restore, to_device
+from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.replan import Replanner
+from cocodet.loader.stream_ledger import StreamLedger
+from cocodet.timing.transfer import TransferTimer
+
+log = logging.getLogger(__name__)
+
+
+class PixelCacheConfigError(UserError):
+    """dataset.cache asked for without a place to keep it."""
+
+
+class CocoDataModule(L.LightningDataModule):
+    """Train/val loaders over COCO-format data, built for a loader plan decided beforehand.
+
+    Batches travel as FlatBatch (8 tensors) and are restored on the destination device in
+    ``on_after_batch_transfer``; bad samples replaced in a batch are counted per epoch and
+    appended to ``<run_dir>/bad_samples.jsonl``.
+
+    Args:
+        root: dataset folder; the split folders and annotation files are relative to it.
+        train_images, train_ann, val_images, val_ann: the two splits.
+        image_size: letterboxed side (validation) and the train recipe's output side.
+        recipe: the train augmentation (validation is always letterbox only).
+        batch_size, val_batch_size: images per batch (val defaults to batch_size).
+        seed: the data stream's seed (DESIGN §5).
+        plan: the loader plan (worker count and settings) for this rank.
+        replanner: what to do when workers die of a resource (``loader/replan.py``); None:
+            never re-plan (failures propagate and are explained).
+        keep_empty: keep train images without objects as negatives.
+        on_bad_sample: "raise" or "skip" (replace deterministically and record).
+        verify: decode every image once at start and report problems (``verify.json``).
+        synthetic: ``{seed, n_train, n_val}`` to generate the synthetic dataset at root first.
+        cache_dir: where the flat indexes (and pixel caches) are kept (None: build indexes at every start).
+        cache: "none", "ram" or "disk": read images at image_size from a pixel cache shared by
+            every worker and rank (``data/pixel_cache.py``) instead of decoding them.
+        run_dir: where ``bad_samples.jsonl`` and ``verify.json`` go.
+    """
+
+    def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
+                 image_size: int, recipe: Recipe, batch_size: int, seed: int, plan: LoaderPlan,
+                 val_batch_size: int | None = None, keep_empty: bool = True, on_bad_sample: str = "raise",
+                 verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
+                 cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None):
+        super().__init__()
+        self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
+                                                       on_bad_sample, synthetic, cache_dir)
+        self.val_ann_file = str(Path(root) / val_ann)
+        self.train_ann_file = str(Path(root) / train_ann)
+        self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
+        # The plan in force for both loaders; after a re-plan, the smaller one.
+        self.replanner = replanner or Replanner(plan)
+        self.replanner.step_fn = self._global_step
+        self.val_batch_size = val_batch_size or batch_size
+        if recipe.image_size != image_size:
+            raise ValueError(f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}")
+        train_pixels = val_pixels = None
+        if cache != "none":
+            if cache_dir is None:
+                raise PixelCacheConfigError(f"dataset.cache={cache} needs dataset.cache_dir (it is null): set a folder "
+                                            "with room for the images at dataset.image_size, or use dataset.cache=none")
+            train_pixels = open_pixel_cache(self.train_index, image_size, cache, cache_dir, "train", plan.usable_cpus)
+            val_pixels = open_pixel_cache(self.val_index, image_size, cache, cache_dir, "val", plan.usable_cpus)
+        # Both sets are read only through the FlatBatch collate, which copies every batch.
+        self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample, train_pixels, reuse_outputs=True)
+        self.val_set = DetectionDataset(self.val_index, Letterbox(image_size), seed, on_bad_sample, val_pixels,
+                                        reuse_outputs=True)
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.bad_samples = BadSampleLedger(self.run_dir)
+        self.transfer_timer = TransferTimer()  # train batches' host-to-device copies
+        self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
+        self._pin_checked = False
+        self.stream = StreamLedger(batch_size, seed)  # position, digest, consumption (DESIGN §5)
+        if verify:
+            verify_indexes(self.train_index, self.val_index, self.run_dir or Path.cwd())
+
+    def validate_on_train_split(self) -> None:
+        """Make the validation loader read the train split (letterbox only): ``mode=eval
+        eval.split=train``."""
+        self.val_index, self.val_ann_file = self.train_index, self.train_ann_file
+        self.val_set = DetectionDataset(self.train_index, Letterbox(self.image_size), self.seed,
+                                        self.train_set.on_bad_sample, reuse_outputs=True)
+
+    @property
+    def plan(self) -> LoaderPlan:
+        return self.replanner.plan
+
+    def _global_step(self) -> int | None:
+        return int(self.trainer.global_step) if self.trainer is not None else None
+
+    @property
+    def num_classes(self) -> int:
+        return self.train_index.num_classes
+
+    def _sampler(self, dataset: DetectionDataset, shuffle: bool) -> EpochSampler:
+        rank, world = 0, 1
+        if self.trainer is not None:
+            rank, world = self.trainer.global_rank, self.trainer.world_size
+        return EpochSampler(len(dataset), self.seed, shuffle, rank, world, pool=dataset.recipe.partner_pool)
+
+    def state_dict(self) -> dict:
+        """Where the train stream stands and the digest of what it delivered, for checkpoints."""
+        epoch_done = None
+        if self.trainer is not None:
+            epoch_done = bool(self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        return self.stream.state_dict(self._world_size(), epoch_done)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Called by Lightning while restoring a checkpoint, before the train loader is built."""
+        self.stream.load_state_dict(state, self.trainer.global_rank if self.trainer is not None else 0,
+                                    self._world_size())
+
+    def _world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
+
+    @property
+    def stream_digest(self) -> str:
+        return self.stream.digest
+
+    @property
+    def position(self) -> StreamPosition | None:
+        return self.stream.position
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        position = self.stream.start(self._world_size())
+        sampler = self._sampler(self.train_set, shuffle=True)
+        start = self.stream.take_resume_start(sampler)
+        return build_loader(self.train_set, sampler, self.batch_size, self.plan, position=position,
+                            across_epochs=True, replanner=self.replanner, stage="train", start=start)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return build_loader(self.val_set, self._sampler(self.val_set, shuffle=False), self.val_batch_size, self.plan,
+                            replanner=self.replanner, stage="val")
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        """Bookkeeping on the host copy: reading device tensors back after the transfer would
+        make every step wait for the GPU to finish the previous one."""
+        self.fetched_at = time.perf_counter()
+        if isinstance(batch, FlatBatch):
+            training = self.trainer is None or self.trainer.training
+            epoch = self.trainer.current_epoch if self.trainer else 0
+            self.bad_samples.record(batch.skipped, batch.images.shape[0], "train" if training else "val", epoch)
+            if training:
+                self.stream.consume(batch, epoch)
+        return batch
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        if not isinstance(batch, FlatBatch):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if device.type == "cuda" and not self._pin_checked:
+            self._pin_checked = True
+            if self.plan.pin_memory and not batch.images.is_pinned():
+                log.warning("loader.pin_memory is on but batches arrive unpinned: copies to %s cannot overlap "
+                            "compute. Check that nothing between the DataLoader and the Trainer copies them", device)
+        if self.trainer is not None and not self.trainer.training:
+            return to_device(batch, device)
+        with self.transfer_timer.timing(device):
+            return to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        return restore(batch) if isinstance(batch, FlatBatch) else batch
+
+    def ddp_summary(self) -> dict:
+        """Every rank's consumption, gathered (collective: every rank must call it)."""
+        return self.stream.ddp_summary(self._world_size(), len(self.train_set))
+
+    def bad_sample_summary(self) -> dict:
+        return self.bad_samples.summary()

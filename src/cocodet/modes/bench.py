@@ -1,0 +1,29 @@
+"""mode=bench: the configured loader (or a controlled producer) through the harness; the one
+place that imports ``cocodet.bench``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from cocodet.loader.policy import LoaderPlan
+from cocodet.modes.wiring import build_datamodule, build_module, device_of
+
+
+def bench(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
+    from cocodet.bench.run import model_step, run_bench
+    from cocodet.loader.diagnose import explained_loader_failures
+    from cocodet.models.precision import resolve_precision
+
+    b, device = cfg.bench, device_of(cfg)
+    datamodule = build_datamodule(cfg, plan, run_dir)
+    precision = resolve_precision(cfg.trainer.get("precision", "32-true"))
+    step = model_step(build_module(cfg, datamodule), device, precision) if b.consumer == "model" else None
+    with explained_loader_failures(plan, shm_path=str(cfg.loader.shm_path)):
+        summary = run_bench(datamodule, plan, consumer=b.consumer, work_ms=float(b.work_ms), batches=b.batches,
+                            warmup=int(b.warmup), epochs=int(b.epochs), digest_batches=int(b.digest_batches),
+                            producer=b.producer, producer_ms=float(b.producer_ms),
+                            producer_samples=int(b.producer_samples), decode_probe_images=int(b.decode_probe),
+                            shm_path=str(cfg.loader.shm_path), train_step=step, device=device, preload=bool(b.preload))
+    return {**summary, "precision": precision if step else None}

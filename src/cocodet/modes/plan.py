@@ -1,0 +1,27 @@
+"""mode=plan: the dataset's indexes (and a full scan with dataset.verify), the host preflight
+and the loader plan; no torch, no Lightning, so it answers in about a second."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.resources import HostResources
+
+log = logging.getLogger(__name__)
+
+
+def plan(cfg: DictConfig, loader_plan: LoaderPlan, resources: HostResources, run_dir: Path) -> dict:
+    from cocodet.data.splits import load_splits
+
+    train, val = load_splits(**OmegaConf.to_container(cfg.dataset, resolve=True))
+    if cfg.dataset.verify:
+        from cocodet.data.verify import verify_indexes
+
+        verify_indexes(train, val, run_dir)
+    log.info("host preflight:\n%s", resources.table())
+    return {"mode": "plan", **loader_plan.summary(), "host": resources.as_dict(), "train_images": len(train),
+            "val_images": len(val)}

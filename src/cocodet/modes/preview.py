@@ -1,0 +1,19 @@
+"""mode=preview: PNG grids of real train batches, drawn from the restored FlatBatches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from cocodet.loader.policy import LoaderPlan
+from cocodet.modes.wiring import build_datamodule
+
+
+def preview(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
+    from cocodet.preview import render_previews
+
+    datamodule = build_datamodule(cfg, plan, run_dir)
+    paths = render_previews(datamodule, run_dir / "previews", batches=int(cfg.preview.batches),
+                            epoch=int(cfg.preview.epoch))
+    return {"mode": "preview", "pngs": [str(p) for p in paths], **plan.summary()}

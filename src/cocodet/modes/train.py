@@ -1,0 +1,20 @@
+"""mode=train: build the datamodule, the model and the Trainer, fit, summarise (DESIGN §2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from cocodet.loader.policy import LoaderPlan
+from cocodet.modes.wiring import build_datamodule, build_module, build_trainer, resume_path
+
+
+def train(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
+    from cocodet.models.fit import fit, seed_model_init
+
+    datamodule = build_datamodule(cfg, plan, run_dir)
+    seed_model_init(int(cfg.seed))
+    module = build_module(cfg, datamodule)
+    return fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=resume_path(cfg, run_dir),
+               weights_only=bool(cfg.get("weights_only")), shm_path=str(cfg.loader.shm_path))

@@ -1,0 +1,123 @@
+"""Config tree -> objects: the loader plan, the re-planner, the datamodule, the model, the
+Trainer and the checkpoint to resume. Objects whose config is their constructor's arguments are
+built with Hydra ``instantiate``; everything below takes plain arguments."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from cocodet.loader.flat_layout import batch_bytes
+from cocodet.loader.policy import LoaderPlan, plan_loader, worker_request
+from cocodet.loader.replan import Replanner
+from cocodet.loader.resources import HostResources, local_ranks, probe, uses_cuda
+
+log = logging.getLogger(__name__)
+
+
+def cli_overrides() -> list[str]:
+    """This run's own command-line overrides (what makes a worker count 'explicit')."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
+    """Probe the host, then plan the workers for this rank (DESIGN §3)."""
+    policy, requested = worker_request(str(cfg.loader.policy), cfg.loader.get("num_workers"),
+                                       list(cfg.loader.get("inherit_from", [])), cli_overrides(), dict(os.environ))
+    resources = _probe(cfg)
+    plan = plan_loader(policy, requested, prefetch_factor=int(cfg.loader.prefetch_factor), resources=resources,
+                       **_plan_args(cfg))
+    log.info("loader plan%s:\n%s", _rank_label(plan.local_ranks), plan.table())
+    for warning in plan.warnings:
+        log.warning("loader plan: %s", warning)
+    return plan, resources
+
+
+def _rank_label(local_ranks: int) -> str:
+    """' for rank R (local L of N, node K)' once a run has more than one process. Lightning
+    sets these variables in the ranks it launches; the launching process is rank 0."""
+    env = os.environ
+    node = int(env.get("NODE_RANK", env.get("GROUP_RANK", env.get("SLURM_NODEID", "0"))) or 0)
+    local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")) or 0)
+    rank = int(env.get("RANK", env.get("SLURM_PROCID", node * local_ranks + local)) or 0)
+    if local_ranks <= 1 and node == 0 and rank == 0:
+        return ""
+    return f" for rank {rank} (local rank {local} of {local_ranks} on this host, node {node})"
+
+
+def _probe(cfg: DictConfig) -> HostResources:
+    ranks = local_ranks(cfg.trainer.get("devices", 1), uses_cuda(cfg.trainer.get("accelerator", "auto")))
+    return probe(shm_path=str(cfg.loader.shm_path), ranks_per_host=ranks)
+
+
+def _plan_args(cfg: DictConfig) -> dict:
+    """plan_loader's arguments from the config, apart from the count, prefetch and host."""
+    loader, size = cfg.loader, int(cfg.dataset.image_size)
+    footprint_mb = loader.get("worker_footprint_mb")
+    return dict(batch_size=int(loader.batch_size), batch_bytes=batch_bytes(int(loader.batch_size), size),
+                cuda=uses_cuda(cfg.trainer.get("accelerator", "auto")), pin_memory=loader.pin_memory,
+                persistent_workers=bool(loader.persistent_workers),
+                worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
+                part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)),
+                timeout_s=float(loader.get("timeout", 0)),
+                val_batch_bytes=batch_bytes(int(loader.val_batch_size), size) if loader.get("val_batch_size") else None)
+
+
+def build_replanner(cfg: DictConfig, plan: LoaderPlan) -> Replanner:
+    """loader.on_failure: the run's plan, and a smaller one planned against the host as
+    probed at the failure (``loader/replan.py``)."""
+    def plan_fn(workers: int, prefetch: int) -> LoaderPlan:
+        return plan_loader("inherited", workers, prefetch_factor=prefetch, resources=_probe(cfg), **_plan_args(cfg))
+
+    return Replanner(plan, plan_fn, on_failure=cfg.loader.get("on_failure"),
+                     max_replans=int(cfg.loader.get("max_replans", 3)), shm_path=str(cfg.loader.shm_path))
+
+
+def build_datamodule(cfg: DictConfig, plan: LoaderPlan, run_dir: Path):
+    recipe = instantiate(cfg.augment, image_size=int(cfg.dataset.image_size), _convert_="all")
+    # Runtime objects are passed to the partial, not to instantiate, which would turn the plan
+    # (a dataclass) into a config node.
+    datamodule = instantiate(cfg.dataset, _partial_=True, _convert_="all")
+    return datamodule(recipe=recipe, batch_size=int(cfg.loader.batch_size), seed=int(cfg.seed), plan=plan,
+                      val_batch_size=cfg.loader.get("val_batch_size"), run_dir=str(run_dir),
+                      replanner=build_replanner(cfg, plan))
+
+
+def build_module(cfg: DictConfig, datamodule):
+    return instantiate(cfg.model, val_ann_file=datamodule.val_ann_file, image_size=int(cfg.dataset.image_size),
+                       category_ids=datamodule.train_index.category_ids.tolist(), _recursive_=True)
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path):
+    import lightning as L
+
+    from cocodet.models.precision import resolve_precision
+
+    args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    args["precision"] = resolve_precision(args.get("precision", "32-true"))
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    loggers = [instantiate(lg) for lg in (cfg.get("logger") or {}).values()] or False
+    return L.Trainer(**args, default_root_dir=str(run_dir), callbacks=callbacks, logger=loggers)
+
+
+def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
+    """``ckpt_path``: a file, or ``last`` for the newest checkpoint of this run dir (else of the newest run)."""
+    from cocodet.models.preemption import find_last_checkpoint
+
+    if cfg.get("ckpt_path") != "last":
+        return cfg.get("ckpt_path")
+    path = find_last_checkpoint(run_dir, Path("outputs"))
+    log.info("ckpt_path=last: resuming %s", path)
+    return str(path)
+
+
+def device_of(cfg: DictConfig):
+    """The torch device batches go to: CUDA when the trainer's accelerator uses it."""
+    import torch
+
+    return torch.device("cuda" if uses_cuda(cfg.trainer.get("accelerator", "auto")) else "cpu")

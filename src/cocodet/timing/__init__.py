@@ -1,0 +1,1 @@
+"""Wait/work timing used by training and by mode=bench: the measurement, the transfer timer, the callback."""
