@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from cocodet.data.augment import build_recipe
+from cocodet.data.augment import Basic, Mosaic
 from cocodet.data.coco import BadSampleError, DatasetConfigError, build_index, decode_image, load_raw
 from cocodet.datamodule import CocoDataModule
 from cocodet.data.dataset import DetectionDataset
@@ -85,8 +85,8 @@ def test_bad_sample_raise_names_file_id_reason(kind, ds):
     with pytest.raises((BadSampleError, ValueError)) as e:
         index = build_index(root / "images", write(root, data))
         CocoDataModule(str(root), "images", "ann.json", "images", "ann.json", image_size=64,
-                       recipe=build_recipe("basic", 64), batch_size=4, seed=0, plan=None)
-        DetectionDataset(index, build_recipe("basic", 64), 0, "raise")[0]
+                       recipe=Basic(64), batch_size=4, seed=0, plan=None)
+        DetectionDataset(index, Basic(64), 0, "raise")[0]
     text = str(e.value)
     assert reason in text and str(image_id) in text
 
@@ -101,7 +101,7 @@ def test_bad_sample_skip_accounts_for_every_sample(kind, ds, tmp_path):
 
     plan = plan_loader("explicit", 2, 4, 1 << 20, 2, probe(), cuda=False)
     dm = CocoDataModule(str(root), "images", ann.name, "images", ann.name, image_size=64,
-                        recipe=build_recipe("mosaic", 64), batch_size=4, seed=0, plan=plan, on_bad_sample="skip",
+                        recipe=Mosaic(64), batch_size=4, seed=0, plan=plan, on_bad_sample="skip",
                         run_dir=str(tmp_path))
     for batch in dm.train_dataloader():  # real workers: records travel with the batches
         dm.bad_samples.record(batch.skipped, batch.images.shape[0], "train", 0)
@@ -118,7 +118,7 @@ def test_raise_inside_worker_names_image(ds):
     root, data = ds
     corrupt("truncated", root, data)
     ann = write(root, data)
-    dataset = DetectionDataset(build_index(root / "images", ann), build_recipe("basic", 64), 0, "raise")
+    dataset = DetectionDataset(build_index(root / "images", ann), Basic(64), 0, "raise")
     loader = torch.utils.data.DataLoader(dataset, batch_size=N, num_workers=1, collate_fn=flatten)
     with pytest.raises(Exception) as e:
         next(iter(loader))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from cocodet.data.augment import build_recipe
+from cocodet.data.augment import Letterbox
 from cocodet.data.coco import build_index
 from cocodet.data.dataset import DetectionDataset
 from cocodet.loader.flat_batch import flatten, restore
@@ -46,7 +46,7 @@ def test_index_is_compact_and_excludes_crowd(val, coco_tiny):
 
 def test_ground_truth_as_predictions_scores_map_one(val, coco_tiny):
     """Through the real path: decode, letterbox, FlatBatch, restore, map back, category ids."""
-    dataset = DetectionDataset(val, build_recipe("none", 640), seed=0)
+    dataset = DetectionDataset(val, Letterbox(640), seed=0)
     results, ids = [], []
     for start in range(0, len(dataset), 16):
         flat = flatten([dataset[i] for i in range(start, min(start + 16, len(dataset)))])

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import run_in_process, run_train
-from cocodet.data.augment import Mosaic, build_recipe
+from cocodet.data.augment import Basic, Mosaic
 from cocodet.loader.flat_batch import update_digest
 
 
@@ -62,7 +62,7 @@ def test_digest_changes_with_epoch(coco_tiny):
     from cocodet.loader.flat_batch import flatten
 
     index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json")
-    dataset = DetectionDataset(index, build_recipe("mosaic", 128), seed=0)
+    dataset = DetectionDataset(index, Mosaic(128), seed=0)
     sampler = EpochSampler(len(dataset), 0, shuffle=True)
 
     def digest(epoch: int) -> str:
@@ -133,7 +133,7 @@ def test_surviving_boxes_enclose_their_colour(seed, recipe):
     rng = np.random.default_rng(seed)
     raws = [coloured_image(rng, 1 + 4 * k, int(rng.integers(1, 5))) for k in range(4)]
     if recipe == "basic":
-        transform = build_recipe("basic", 160)
+        transform = Basic(160)
     else:  # HSV jitter off: it moves colours, not boxes; the geometry is what is checked
         transform = Mosaic(160, hsv=(0, 0, 0), flip_p=0.0 if recipe == "mosaic_noflip" else 0.5, min_visibility=0.0)
     partners = [] if recipe == "single" else raws[1:]

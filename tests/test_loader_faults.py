@@ -123,7 +123,7 @@ def test_host_without_shm_is_not_capped(tmp_path, synthetic_root):
 @pytest.mark.parametrize("sig,expected", [(signal.SIGKILL, "memory"), (signal.SIGBUS, "/dev/shm ran out")])
 def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
     """A worker killed mid-epoch ends the loop with the diagnosis, not a bare 'exited unexpectedly'."""
-    from cocodet.data.augment import build_recipe
+    from cocodet.data.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
     from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
     from cocodet.loader.policy import plan_loader
@@ -132,7 +132,7 @@ def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
     root = synthetic_root
     plan = plan_loader("explicit", 2, 2, 1 << 20, 2, probe(), cuda=False)
     dm = CocoDataModule(str(root), "train", "annotations/instances_train.json", "val", "annotations/instances_val.json",
-                        image_size=64, recipe=build_recipe("mosaic", 64), batch_size=2, seed=0, plan=plan)
+                        image_size=64, recipe=Mosaic(64), batch_size=2, seed=0, plan=plan)
     loader = dm.train_dataloader()
     try:
         with pytest.raises(LoaderFailure) as e:

@@ -113,7 +113,7 @@ def test_a_cache_that_does_not_fit_is_refused_with_the_numbers(coco_tiny, tmp_pa
     index = build_index(coco_tiny / "val2017", coco_tiny / "annotations" / "instances_val2017.json")
     need = pixel_cache.estimated_bytes(index, 640)
     assert 60 << 20 < need < 80 << 20  # 80 images of about 640 x 480 x 3
-    monkeypatch.setattr(pixel_cache, "_available_memory", lambda: 100 << 20)
+    monkeypatch.setattr(pixel_cache, "memory_available", lambda: (100 << 20, "test"))
     with pytest.raises(CacheSpaceError, match=r"needs \d+ MiB resident but only 100 MiB of memory"):
         open_pixel_cache(index, 640, "ram", tmp_path, "val")
     usage = shutil.disk_usage(tmp_path)

@@ -23,7 +23,7 @@ ENV = {"PYTHONPATH": str(REPO / "tests")}
 def datamodule(root, workers: int, **replanner_args):
     """A datamodule on the synthetic set (48 train images, batch 4) whose plan has ``workers``
     (inherited: re-plans by default) and a replanner that plans against this host."""
-    from cocodet.data.augment import build_recipe
+    from cocodet.data.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
 
     def plan_fn(n: int, prefetch: int):
@@ -31,7 +31,7 @@ def datamodule(root, workers: int, **replanner_args):
 
     plan = plan_fn(workers, 2)
     return CocoDataModule(str(root), "train", "annotations/instances_train.json", "val", "annotations/instances_val.json",
-                          image_size=64, recipe=build_recipe("mosaic", 64), batch_size=4, seed=0, plan=plan,
+                          image_size=64, recipe=Mosaic(64), batch_size=4, seed=0, plan=plan,
                           replanner=Replanner(plan, plan_fn, **replanner_args))
 
 
@@ -149,7 +149,7 @@ def test_explicit_over_budget_in_64mb_shm_replans_and_keeps_the_stream(coco_tiny
 @pytest.mark.slow
 def test_sigkilled_worker_in_auto_plan_continues_and_is_recorded(coco_tiny, tmp_path):
     args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8",
-            "trainer.max_epochs=2", "+trainer.limit_val_batches=2", "trainer.enable_progress_bar=false"]
+            "trainer.max_epochs=2", "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false"]
     _, plain = run_train([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
     kill = ["+callbacks.kill._target_=signal_at_step.KillWorkerAtStep", "+callbacks.kill.step=13"]
     _, s = run_train([*args, *kill], tmp_path / "killed", env=ENV)

@@ -18,7 +18,7 @@ STEPS_PER_EPOCH = 10  # coco_tiny: 80 train images, batch 8
 
 def args(coco_tiny: Path, *extra: str) -> list[str]:
     return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8",
-            "trainer.max_epochs=3", "+trainer.limit_val_batches=2", "+trainer.deterministic=true",
+            "trainer.max_epochs=3", "trainer.limit_val_batches=2", "trainer.deterministic=true",
             "trainer.enable_progress_bar=false", *extra]
 
 

@@ -30,7 +30,7 @@ def test_fast_dev_run_coco_tiny(tmp_path, coco_tiny):
 
 def test_resume_continues_at_saved_step(tmp_path, synthetic_root):
     base = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
-            "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=1"]
+            "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
     first = run_in_process([*base, "trainer.max_epochs=1"], tmp_path / "first")
     assert first["steps"] == 2 and first["last_ckpt"]
     saved = torch.load(first["last_ckpt"], map_location="cpu", weights_only=False)

@@ -16,7 +16,9 @@ import torch
 
 from cocodet.data.augment import Letterbox, Recipe
 from cocodet.data.bad_samples import BadSampleLedger
+from cocodet.data.coco import BadSampleError
 from cocodet.data.dataset import DetectionDataset, EpochSampler
+from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.pixel_cache import open_pixel_cache
 from cocodet.data.splits import load_splits
 from cocodet.data.verify import verify_indexes
@@ -60,16 +62,22 @@ class CocoDataModule(L.LightningDataModule):
         cache: "none", "ram" or "disk": read images at image_size from a pixel cache shared by
             every worker and rank (``data/pixel_cache.py``) instead of decoding them.
         run_dir: where ``bad_samples.jsonl`` and ``verify.json`` go.
+        max_image_pixels: images whose header is larger are bad samples, never decoded.
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
                  image_size: int, recipe: Recipe, batch_size: int, seed: int, plan: LoaderPlan,
                  val_batch_size: int | None = None, keep_empty: bool = True, on_bad_sample: str = "raise",
                  verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
-                 cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None):
+                 cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None,
+                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
         super().__init__()
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.bad_samples = BadSampleLedger(self.run_dir)
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
                                                        on_bad_sample, synthetic, cache_dir)
+        if verify:
+            self._verify(on_bad_sample, max_image_pixels)
         self.val_ann_file = str(Path(root) / val_ann)
         self.train_ann_file = str(Path(root) / train_ann)
         self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
@@ -84,27 +92,41 @@ class CocoDataModule(L.LightningDataModule):
             if cache_dir is None:
                 raise PixelCacheConfigError(f"dataset.cache={cache} needs dataset.cache_dir (it is null): set a folder "
                                             "with room for the images at dataset.image_size, or use dataset.cache=none")
-            train_pixels = open_pixel_cache(self.train_index, image_size, cache, cache_dir, "train", plan.usable_cpus)
-            val_pixels = open_pixel_cache(self.val_index, image_size, cache, cache_dir, "val", plan.usable_cpus)
+            train_pixels = open_pixel_cache(self.train_index, image_size, cache, cache_dir, "train", plan.usable_cpus,
+                                            max_image_pixels)
+            val_pixels = open_pixel_cache(self.val_index, image_size, cache, cache_dir, "val", plan.usable_cpus,
+                                          max_image_pixels)
         # Both sets are read only through the FlatBatch collate, which copies every batch.
-        self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample, train_pixels, reuse_outputs=True)
+        self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample, train_pixels, reuse_outputs=True,
+                                          max_image_pixels=max_image_pixels)
         self.val_set = DetectionDataset(self.val_index, Letterbox(image_size), seed, on_bad_sample, val_pixels,
-                                        reuse_outputs=True)
-        self.run_dir = Path(run_dir) if run_dir else None
-        self.bad_samples = BadSampleLedger(self.run_dir)
+                                        reuse_outputs=True, max_image_pixels=max_image_pixels)
         self.transfer_timer = TransferTimer()  # train batches' host-to-device copies
         self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
         self._pin_checked = False
         self.stream = StreamLedger(batch_size, seed)  # position, digest, consumption (DESIGN §5)
-        if verify:
-            verify_indexes(self.train_index, self.val_index, self.run_dir or Path.cwd())
+
+    def _verify(self, on_bad_sample: str, max_image_pixels: int) -> None:
+        """dataset.verify: scan every image once. With on_bad_sample=skip, the images found bad
+        never enter sampling (and count as skipped); with raise, the run ends on the first
+        one as it would when drawing it, before any training."""
+        problems = verify_indexes(self.train_index, self.val_index, self.run_dir or Path.cwd(), max_image_pixels)
+        for split in ("train", "val"):
+            if problems[split] and on_bad_sample == "raise":
+                first = problems[split][0]
+                raise BadSampleError(first["file"], first["image_id"], first["reason"])
+            if problems[split]:
+                index = getattr(self, f"{split}_index")
+                setattr(self, f"{split}_index", index.without({p["index"] for p in problems[split]}))
+                self.bad_samples.exclude(split, problems[split])
 
     def validate_on_train_split(self) -> None:
         """Make the validation loader read the train split (letterbox only): ``mode=eval
         eval.split=train``."""
         self.val_index, self.val_ann_file = self.train_index, self.train_ann_file
         self.val_set = DetectionDataset(self.train_index, Letterbox(self.image_size), self.seed,
-                                        self.train_set.on_bad_sample, reuse_outputs=True)
+                                        self.train_set.on_bad_sample, reuse_outputs=True,
+                                        max_image_pixels=self.train_set.max_image_pixels)
 
     @property
     def plan(self) -> LoaderPlan:

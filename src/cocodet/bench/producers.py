@@ -1,4 +1,4 @@
-"""Controlled producers and consumers for experiments (the book's sleep/spin tables)."""
+"""Controlled producers and consumers for experiments (README, Benchmarks: "Where the loop waits")."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 import numpy as np
 import torch.utils.data
 
+from cocodet import schema
 from cocodet.bench.harness import spin
 from cocodet.sample import make_sample
 
@@ -16,8 +17,8 @@ class CostDataset(torch.utils.data.Dataset):
     ``spin`` (burns a calibrated number of iterations, competes for the CPU)."""
 
     def __init__(self, size: int, kind: str, cost_ms: float, spin_iters_per_ms: int, image_size: int = 64):
-        if kind not in ("sleep", "spin"):
-            raise ValueError(f"bench.producer must be dataset, sleep or spin; got {kind!r}")
+        if schema.check("bench.producer", kind) == "dataset":
+            raise ValueError("CostDataset is the sleep and spin producers; bench.producer=dataset is the dataset")
         self.size, self.kind, self.cost_ms = size, kind, cost_ms
         self.iters = int(spin_iters_per_ms * cost_ms)
         self.image_size = image_size
@@ -53,4 +54,5 @@ def make_consumer(kind: str, work_ms: float, spin_iters_per_ms: int, train_step=
         if train_step is None:
             raise ValueError("bench.consumer=model needs the configured model")
         return train_step
-    raise ValueError(f"unknown bench.consumer {kind!r}; choose none, spin, sleep or model")
+    schema.check("bench.consumer", kind)
+    raise AssertionError(f"bench.consumer={kind} has no consumer here")  # a choice added to the schema only

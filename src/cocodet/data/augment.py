@@ -10,11 +10,13 @@ Every recipe returns a :class:`Sample` whose ``pad_share`` is computed from the 
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import albumentations as A
 import cv2
 import numpy as np
+
+from cocodet import schema
 
 PAD_VALUE = 114  # YOLO's grey: padding that looks like nothing in particular
 Raw = tuple[np.ndarray, np.ndarray, np.ndarray]  # rgb image, xyxy boxes, labels
@@ -93,7 +95,6 @@ def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, 
 class Recipe:
     """A named transform over one sample and the partner samples it asked for."""
 
-    mean_partners = 0.0  # expected partners per sample
     partner_pool = 0  # partners come from aligned runs of this many samples (0: no pools)
 
     def __init__(self, image_size: int):
@@ -160,24 +161,19 @@ class Mosaic(Recipe):
         min_box_px: boxes narrower or lower than this (output pixels) are dropped.
         min_visibility: boxes keeping less than this fraction of their area are dropped.
         partner_pool: partners are drawn from the aligned run of this many consecutive samples
-            of the epoch order the sample belongs to, so a batch decodes each image once.
+            of the epoch order the sample belongs to, so a batch decodes each image once;
+            None: partners drawn from the whole dataset (up to four decodes per sample).
     """
 
     def __init__(self, image_size: int, scale: tuple[float, float] = (0.5, 1.5), translate: float = 0.1,
                  hsv: tuple[int, int, int] = (10, 40, 30), flip_p: float = 0.5, mosaic_p: float = 1.0,
                  center_range: tuple[float, float] = (0.3, 0.7), min_box_px: float = 2.0,
-                 min_visibility: float = 0.1, partner_pool: int = 8):
+                 min_visibility: float = 0.1, partner_pool: int | None = 8):
         super().__init__(image_size)
         self.scale, self.translate, self.hsv = tuple(scale), float(translate), tuple(hsv)
         self.flip_p, self.mosaic_p, self.center_range = flip_p, mosaic_p, tuple(center_range)
         self.min_box_px, self.min_visibility = min_box_px, min_visibility
-        if partner_pool < 2:
-            raise ValueError(f"augment.partner_pool must be >= 2 (a sample and at least one partner), got {partner_pool}")
-        self.partner_pool = int(partner_pool)
-
-    @property
-    def mean_partners(self) -> float:
-        return 3 * self.mosaic_p
+        self.partner_pool = schema.check("augment.partner_pool", partner_pool)
 
     def partners(self, rng):
         return 3 if rng.random() < self.mosaic_p else 0
@@ -273,12 +269,3 @@ class Mosaic(Recipe):
             cv2.add(hsv, (0, ds, dv, 0), dst=hsv)
         cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB_FULL, dst=image)
 
-
-RECIPES: dict[str, Callable[..., Recipe]] = {"mosaic": Mosaic, "basic": Basic, "none": Letterbox}
-
-
-def build_recipe(name: str, image_size: int, **params) -> Recipe:
-    """Build a recipe by name; fail loudly on an unknown one."""
-    if name not in RECIPES:
-        raise ValueError(f"unknown augment recipe {name!r}; choose one of {sorted(RECIPES)}")
-    return RECIPES[name](image_size=image_size, **params)

@@ -35,6 +35,13 @@ class BadSampleLedger:
         self.run_dir = run_dir
         self.skipped: Counter = Counter()  # (stage, epoch) -> replaced primary samples
         self.seen: Counter = Counter()
+        self.excluded: Counter = Counter()  # stage -> images dataset.verify kept out of sampling
+
+    def exclude(self, stage: str, records: list[dict]) -> None:
+        """Images found bad before the run (``dataset.verify``): never sampled, and counted as
+        skipped in every epoch, so seen + skipped still equals the split's size."""
+        self.excluded[stage] += len(records)
+        append_records(self.run_dir, stage, [{**r, "role": "excluded_by_verify"} for r in records])
 
     def record(self, records: tuple, images: int, stage: str, epoch: int) -> int:
         """Count one batch of ``images`` whose replaced images are ``records``; return the
@@ -52,6 +59,9 @@ class BadSampleLedger:
             epochs = sorted(e for s, e in self.seen if s == stage)
             if epochs:
                 last = epochs[-1]
-                out[stage] = {"epoch": last, "seen": self.seen[(stage, last)], "skipped": self.skipped[(stage, last)],
-                              "skipped_all_epochs": sum(n for (s, _), n in self.skipped.items() if s == stage)}
+                skipped = self.skipped[(stage, last)] + self.excluded[stage]
+                out[stage] = {"epoch": last, "seen": self.seen[(stage, last)], "skipped": skipped,
+                              "excluded_by_verify": self.excluded[stage],
+                              "skipped_all_epochs": sum(n for (s, _), n in self.skipped.items() if s == stage)
+                              + self.excluded[stage] * len(epochs)}
         return out

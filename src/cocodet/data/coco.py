@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -20,6 +21,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS, ImageTooLarge, check_header
 from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,10 @@ def decode_image(data: bytes, reduction: int = 1) -> np.ndarray:
     if data[:2] == b"\xff\xd8" and not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
         # libjpeg decodes a truncated file into a half-grey image with only a warning.
         raise ValueError(f"truncated JPEG: no end-of-image marker ({len(data)} bytes)")
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED_FLAGS[reduction])
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED_FLAGS[reduction])
+    except cv2.error as e:  # e.g. above OpenCV's own pixel limit (2^30): a bad sample, not a crash
+        raise ValueError(f"OpenCV cannot decode it: {str(e).strip().splitlines()[-1]}") from None
     if image is None:
         raise ValueError(f"not a decodable image (first bytes {data[:8]!r})")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
@@ -160,6 +165,18 @@ class CocoIndex:
     def label_to_category(self, labels: np.ndarray) -> np.ndarray:
         return self.category_ids[np.asarray(labels, dtype=np.int64) - 1]
 
+    def without(self, drop: set[int]) -> "CocoIndex":
+        """This index without the images at positions ``drop`` (``dataset.verify`` found them bad)."""
+        keep = np.array([k for k in range(len(self)) if k not in drop], dtype=np.int64)
+        counts = np.diff(self.box_offsets)[keep]
+        rows = np.concatenate([np.arange(self.box_offsets[k], self.box_offsets[k + 1]) for k in keep]
+                              or [np.zeros(0, np.int64)]).astype(np.int64)
+        return CocoIndex(image_ids=np.asarray(self.image_ids)[keep], sizes=np.asarray(self.sizes)[keep],
+                         paths=np.asarray(self.paths)[keep], box_offsets=np.concatenate([[0], np.cumsum(counts)]),
+                         boxes=np.asarray(self.boxes)[rows], labels=np.asarray(self.labels)[rows],
+                         category_ids=self.category_ids, category_names=self.category_names,
+                         problems=np.asarray(self.problems)[keep], ann_file=self.ann_file, dropped=dict(self.dropped))
+
 
 def load_coco_json(ann_file: Path) -> dict:
     if not ann_file.is_file():
@@ -199,7 +216,7 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
     image_ids, sizes, paths, problems, offsets = [], [], [], [], [0]
     boxes, labels = [], []
     real_dirs: dict[str, str] = {}
-    dropped["degenerate_box"] = dropped["crowd"] = dropped["empty_image"] = 0
+    dropped["degenerate_box"] = dropped["non_finite_box"] = dropped["crowd"] = dropped["empty_image"] = 0
     images = sorted(data["images"], key=lambda im: im["id"])
     for img in tqdm(images, desc=f"indexing {ann_file.name}", unit="image", disable=len(images) < 20_000,
                     mininterval=2.0):
@@ -268,6 +285,9 @@ def _training_boxes(anns: list[dict], label_of: dict[int, int], dropped: dict[st
             dropped["crowd"] += 1  # left to COCOeval, which ignores detections matched to crowds
             continue
         x, y, w, h = a["bbox"]
+        if not all(math.isfinite(v) for v in (x, y, w, h)):
+            dropped["non_finite_box"] += 1  # JSON's NaN/Infinity: an Infinity width would clip to the image edge
+            continue
         if not (w > 0 and h > 0):
             dropped["degenerate_box"] += 1
             continue
@@ -287,16 +307,19 @@ def _read(index: CocoIndex, k: int) -> tuple[str, int, bytes]:
         raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
 
 
-def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None,
+             max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Read and decode image k; return (rgb image, xyxy boxes clipped to it, labels).
 
-    Raises BadSampleError naming file, image id and reason. ``timings`` (read, decode) in
+    Raises BadSampleError naming file, image id and reason (an image too large or of another
+    size than annotated, from its header, without a decode). ``timings`` (read, decode) in
     seconds are accumulated in place when given.
     """
     t0 = time.perf_counter()
     path, image_id, data = _read(index, k)
     t1 = time.perf_counter()
     try:
+        check_header(data, tuple(int(x) for x in index.sizes[k]), max_pixels)
         image = decode_image(data)
     except ValueError as e:
         raise BadSampleError(path, image_id, str(e)) from None
@@ -321,7 +344,8 @@ def _clip_targets(index: CocoIndex, k: int, h: int, w: int) -> tuple[np.ndarray,
     return boxes[keep], labels[keep]
 
 
-def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None = None) -> Source:
+def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None = None,
+                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Source:
     """Read image k and bring it to the working resolution (long side ``size``): a reduced
     JPEG decode when the image is at least 2x larger, then the one letterbox resize.
 
@@ -334,7 +358,7 @@ def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None
     t1 = time.perf_counter()
     jh, jw = (int(x) for x in index.sizes[k])
     try:
-        resized, (orig_h, orig_w), scale = decode_resized(data, (jh, jw), size)
+        resized, (orig_h, orig_w), scale = decode_resized(data, (jh, jw), size, max_pixels)
     except ValueError as e:
         raise BadSampleError(path, image_id, str(e)) from None
     t2 = time.perf_counter()
@@ -345,20 +369,26 @@ def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None
     return Source(resized, boxes * np.float32(scale), labels, (orig_h, orig_w), scale)
 
 
-def decode_resized(data: bytes, stored_hw: tuple[int, int], size: int) -> tuple[np.ndarray, tuple[int, int], float]:
+def decode_resized(data: bytes, stored_hw: tuple[int, int], size: int,
+                   max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, tuple[int, int], float]:
     """Image bytes -> (RGB image with long side ``size``, stored (h, w), scale stored -> output):
-    the reduced JPEG decode when the stored size (``(0, 0)``: unknown) allows it, then the one
-    letterbox resize. Raises ValueError with a reason (undecodable, or a decoded size that is
-    not the stored one). What training, validation, prediction and the pixel cache all use."""
+    the header checked first (size limit, annotated size; ``(0, 0)``: not annotated, the
+    header's size is used), the reduced JPEG decode when the size allows it, then the one
+    letterbox resize. Raises ValueError with a reason (too large, undecodable, or a size that
+    is not the annotated one). What training, validation, prediction and the pixel cache all use."""
     from cocodet.data.augment import letterbox_resize  # augment imports albumentations: only here
 
-    jh, jw = stored_hw
+    header = check_header(data, stored_hw, max_pixels)
+    jh, jw = stored_hw if tuple(stored_hw) != (0, 0) or header is None else header
     reduction = decode_reduction(data, (jh, jw), size)
     image = decode_image(data, reduction)
     h, w = image.shape[:2]
     expected = (jh, jw) if reduction == 1 else (-(-jh // reduction), -(-jw // reduction))  # libjpeg rounds up
     if (jh, jw) != (0, 0) and (h, w) != expected:
         raise ValueError(f"decoded size {h * reduction}x{w * reduction} differs from the annotation's {jh}x{jw}")
+    if h * w * reduction * reduction > max_pixels:  # a format whose header could not be read
+        raise ImageTooLarge(f"too large: decoded {h * reduction}x{w * reduction}, above "
+                            f"dataset.max_image_pixels={max_pixels}")
     orig = (jh, jw) if reduction > 1 else (h, w)
     resized, r = letterbox_resize(image, size)
     return resized, orig, r / reduction

@@ -24,6 +24,8 @@ import torch.utils.data
 from cocodet.data.augment import Recipe
 from cocodet.data.bad_samples import skip_record
 from cocodet.data.coco import BadSampleError, CocoIndex, Source, load_resized
+from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet import schema
 from cocodet.sample import BatchKeys, make_sample
 
 MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not worth continuing
@@ -41,11 +43,13 @@ class DetectionDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, index: CocoIndex, recipe: Recipe, seed: int, on_bad_sample: str = "raise",
-                 pixel_cache=None, reuse_outputs: bool = False):
-        if on_bad_sample not in ("raise", "skip"):
-            raise ValueError(f"dataset.on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
+                 pixel_cache=None, reuse_outputs: bool = False, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+        schema.check("dataset.on_bad_sample", on_bad_sample)
         self.index, self.recipe, self.seed, self.on_bad_sample = index, recipe, seed, on_bad_sample
-        self.pixel_cache = pixel_cache
+        self.pixel_cache, self.max_image_pixels = pixel_cache, max_image_pixels
+        # Images found bad in this process (each worker has its own): not read or decoded again
+        # when the sampler draws them later, as a sample or as a mosaic partner.
+        self._bad: dict[int, BadSampleError] = {}
         # With reuse_outputs, sample j of every __getitems__ call is written into the same
         # buffer (warm pages, no per-sample page faults): only for a loader whose collate
         # copies each batch before the next call, never for callers that keep samples.
@@ -62,6 +66,15 @@ class DetectionDataset(torch.utils.data.Dataset):
         return skip_record(error, epoch, index, role)
 
     def _load(self, k: int, timings: np.ndarray) -> Source:
+        if k in self._bad:
+            raise self._bad[k]
+        try:
+            return self._read(k, timings)
+        except BadSampleError as e:
+            self._bad[k] = e
+            raise
+
+    def _read(self, k: int, timings: np.ndarray) -> Source:
         if self.pixel_cache is not None:
             t0 = time.perf_counter()
             try:
@@ -69,7 +82,7 @@ class DetectionDataset(torch.utils.data.Dataset):
             finally:
                 timings[0] += time.perf_counter() - t0
         timings[3] += 1
-        return load_resized(self.index, k, self.recipe.image_size, timings)
+        return load_resized(self.index, k, self.recipe.image_size, timings, self.max_image_pixels)
 
     def __getitem__(self, key: Any) -> dict:
         return self.__getitems__([key])[0]
@@ -155,7 +168,8 @@ class EpochSampler(torch.utils.data.Sampler):
     the batch sampler (``EpochBatchSampler.start_at``), which skips whole batches of these keys.
     """
 
-    def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1, pool: int = 0):
+    def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1,
+                 pool: int | None = 0):
         self.size, self.seed, self.shuffle, self.pool = size, seed, shuffle, pool
         self.rank, self.world_size, self.epoch = rank, world_size, 0
 
@@ -177,7 +191,7 @@ class EpochSampler(torch.utils.data.Sampler):
         per_rank = len(self)
         order = np.resize(order, per_rank * self.world_size)  # pad by wrapping, as DistributedSampler
         mine = order[self.rank::self.world_size]
-        if self.pool <= 1:
+        if not self.pool or self.pool <= 1:  # no pool: partners come from the whole dataset
             for i in mine:
                 yield (epoch, int(i))
             return

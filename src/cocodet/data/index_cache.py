@@ -7,29 +7,27 @@ loader needs is a few flat arrays; they are written once as ``.npy`` files and o
 share the same page-cache pages instead of holding copies.
 
 Key: the annotation file's size, mtime and SHA-256, the resolved image root, ``keep_empty``
-and ``INDEX_FORMAT``. A build is written to a temporary folder and renamed into place
-under an exclusive ``flock``, so concurrent ranks and sweep jobs build it once and never
-read a half-written index.
+and ``INDEX_FORMAT``. Built, verified and rebuilt as ``cache_files`` describes: a cache cut
+short or changed on disk is rebuilt, never read.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
+from cocodet.data.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
 from cocodet.data.coco import CocoIndex, build_index
 
 log = logging.getLogger(__name__)
-INDEX_FORMAT = 2  # bump when CocoIndex's fields or their meaning change (2: absolute image paths)
+# Bump when CocoIndex's fields or their meaning change (2: absolute image paths; 3: a verified
+# manifest; 4: non-finite boxes dropped).
+INDEX_FORMAT = 4
 ARRAYS = ("image_ids", "sizes", "paths", "box_offsets", "boxes", "labels", "category_ids", "problems")
 
 
@@ -47,48 +45,44 @@ def index_key(image_root: Path, ann_file: Path, keep_empty: bool) -> str:
 
 def cached_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep_empty: bool,
                  cache_dir: str | os.PathLike | None) -> CocoIndex:
-    """The index of ``ann_file``: from ``cache_dir`` when built before, else built and stored there.
+    """The index of ``ann_file``: from ``cache_dir`` when built before (and valid), else built
+    and stored there.
 
-    ``cache_dir=None`` builds in memory every time (nothing written).
+    ``cache_dir=None`` builds in memory every time (nothing written); so does a ``cache_dir``
+    that cannot be written and holds no valid index, with a warning.
     """
     image_root, ann_file = Path(image_root), Path(ann_file)
     if cache_dir is None or not ann_file.is_file() or not image_root.is_dir():
         return build_index(image_root, ann_file, keep_empty=keep_empty)  # build_index names what is missing
     cache = Path(os.path.expanduser(str(cache_dir)))
-    cache.mkdir(parents=True, exist_ok=True)
-    folder = cache / f"index-{ann_file.stem}-{index_key(image_root, ann_file, keep_empty)}"
+    key = index_key(image_root, ann_file, keep_empty)
+    folder = cache / f"index-{ann_file.stem}-{key}"
+
+    built = []
 
     def build() -> None:
-        _write(build_index(image_root, ann_file, keep_empty=keep_empty), folder)
-        log.info("cached the index of %s in %s", ann_file, folder)
+        index = build_index(image_root, ann_file, keep_empty=keep_empty)
+        build_atomically(folder, lambda tmp: _write(index, tmp, key))
+        built.append(True)
+        log.info("built the index of %s and cached it in %s", ann_file, folder)
 
-    build_once(folder, build)
+    try:
+        ensure_folder(cache)
+        build_once(folder, build, {"format": INDEX_FORMAT, "key": key})
+    except CacheUnwritable as e:
+        log.warning("dataset.cache_dir=%s: %s; indexing %s without a cache (every start parses it again). "
+                    "Point dataset.cache_dir at a writable folder to keep the index", cache_dir, e.strerror, ann_file)
+        return build_index(image_root, ann_file, keep_empty=keep_empty)
+    if not built:
+        log.info("read the cached index of %s from %s", ann_file, folder)
     return _read(folder)
 
 
-def build_once(folder: Path, build: Callable[[], None]) -> None:
-    """Run ``build`` (which writes ``folder/meta.json`` last) unless it is there: under an
-    exclusive flock, so concurrent ranks and sweep jobs build once and the others wait."""
-    if (folder / "meta.json").is_file():
-        return
-    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / "meta.json").is_file():
-            build()
-
-
-def _write(index: CocoIndex, folder: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
-    try:
-        for name in ARRAYS:
-            np.save(tmp / f"{name}.npy", getattr(index, name), allow_pickle=False)
-        meta = {"category_names": index.category_names, "ann_file": index.ann_file, "dropped": index.dropped,
-                "format": INDEX_FORMAT}
-        (tmp / "meta.json").write_text(json.dumps(meta))  # written last: its presence marks a complete index
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def _write(index: CocoIndex, tmp: Path, key: str) -> dict:
+    for name in ARRAYS:
+        np.save(tmp / f"{name}.npy", getattr(index, name), allow_pickle=False)
+    return {"category_names": index.category_names, "ann_file": index.ann_file, "dropped": index.dropped,
+            "format": INDEX_FORMAT, "key": key}
 
 
 def _read(folder: Path) -> CocoIndex:

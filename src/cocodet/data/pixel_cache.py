@@ -11,44 +11,47 @@ pages live once in the host's page cache, whatever the number of processes readi
           free disk and in available memory; refused otherwise, with the numbers).
 
 Key: the image files (path, size, mtime), the working resolution and ``PIXEL_FORMAT``.
-Built once under an exclusive ``flock`` into a temporary file that is renamed into place, so
-concurrent ranks and sweep jobs build it once and never read a half-written file. Images
+Built, verified and rebuilt as ``cache_files`` describes: a ``pixels.u8`` cut short or offsets
+changed on disk make it rebuild, never read. Images
 that cannot be decoded are recorded with their reason and raise :class:`BadSampleError`
 when read, exactly as the uncached path would.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from cocodet import schema
+from cocodet.host import memory_available
+from cocodet.units import MiB
 from cocodet.errors import UserError
 from cocodet.data.coco import BadSampleError, CocoIndex, Source, _clip_targets, load_resized
-from cocodet.data.index_cache import build_once
+from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.data.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
 
 log = logging.getLogger(__name__)
-PIXEL_FORMAT = 1  # bump when load_resized's output changes
-MiB = 1 << 20
-CACHE_MODES = ("none", "ram", "disk")
+PIXEL_FORMAT = 2  # bump when load_resized's output changes (2: a verified manifest)
 
 
 class CacheSpaceError(UserError):
     """The pixel cache would not fit where it has to live."""
 
 
-def pixel_key(index: CocoIndex, size: int) -> str:
+def pixel_key(index: CocoIndex, size: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> str:
     """What the cached pixels depend on: every image file's path, size and mtime, the
-    resolution and the format (the annotations only matter through the file list)."""
-    h = hashlib.sha256(f"{PIXEL_FORMAT}\n{size}\n".encode())
+    resolution, the pixel limit (which images are refused) and the format (the annotations
+    only matter through the file list)."""
+    h = hashlib.sha256(f"{PIXEL_FORMAT}\n{size}\n{max_pixels}\n".encode())
     for path in index.paths:
         try:
             st = os.stat(str(path))
@@ -69,14 +72,6 @@ def estimated_bytes(index: CocoIndex, size: int) -> int:
     return int((h * w * 3).sum())
 
 
-def _available_memory() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def check_space(mode: str, need: int, folder: Path, split: str) -> None:
     """Refuse, with the numbers, a cache that would not fit on disk (or in memory for ram)."""
     free_disk = shutil.disk_usage(folder).free
@@ -85,10 +80,10 @@ def check_space(mode: str, need: int, folder: Path, split: str) -> None:
                               f"{folder} has {free_disk / MiB:.0f} MiB free. Point dataset.cache_dir at a larger "
                               f"disk, lower dataset.image_size, or use dataset.cache=none")
     if mode == "ram":
-        available = _available_memory()
+        available, source = memory_available()
         if need > available * 0.5:  # the rest is for workers, batches and the model
             raise CacheSpaceError(f"dataset.cache=ram: the {split} pixel cache needs {need / MiB:.0f} MiB resident "
-                                  f"but only {available / MiB:.0f} MiB of memory is available (the cache may take "
+                                  f"but only {available / MiB:.0f} MiB of memory is available ({source}; the cache may take "
                                   "half). Use dataset.cache=disk (pages read on demand) or dataset.cache=none")
 
 
@@ -126,7 +121,7 @@ class PixelCache:
             while f.read(64 * MiB):
                 pass
 
-    def load(self, index: CocoIndex, k: int, timings: np.ndarray | None = None) -> Source:
+    def load(self, index: CocoIndex, k: int) -> Source:
         """Image k as load_resized would return it (a read-only view into the mapping)."""
         if str(k) in self.errors:
             raise BadSampleError(str(index.paths[k]) or "<outside root>", int(index.image_ids[k]), self.errors[str(k)])
@@ -139,20 +134,35 @@ class PixelCache:
 
 
 def open_pixel_cache(index: CocoIndex, size: int, mode: str, cache_dir: str | os.PathLike, split: str,
-                     threads: int | None = None) -> PixelCache:
-    """The split's pixel cache in ``cache_dir``: opened if built before, else checked for
-    space, built (progress bar, ``threads`` decoding at once) and opened."""
-    if mode not in ("ram", "disk"):
-        raise ValueError(f"dataset.cache must be one of {CACHE_MODES}, got {mode!r}")
+                     threads: int | None = None, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> PixelCache:
+    """The split's pixel cache in ``cache_dir``: opened if built before (and valid), else checked
+    for space, built (progress bar, ``threads`` decoding at once) and opened."""
+    if schema.check("dataset.cache", mode) == "none":
+        raise ValueError("dataset.cache=none has no pixel cache to open")
     cache = Path(os.path.expanduser(str(cache_dir)))
-    cache.mkdir(parents=True, exist_ok=True)
-    folder = cache / f"pixels-{split}-{size}-{pixel_key(index, size)}"
+    key = pixel_key(index, size, max_pixels)
+    folder = cache / f"pixels-{split}-{size}-{key}"
 
     def build() -> None:
         check_space(mode, estimated_bytes(index, size), cache, split)
-        _build(index, size, folder, split, threads or os.cpu_count() or 1)
+        try:
+            build_atomically(folder, lambda tmp: _build(index, size, tmp, split, threads or os.cpu_count() or 1, key,
+                                                        max_pixels))
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            raise CacheSpaceError(f"dataset.cache={mode}: the disk filled while building the {split} pixel cache in "
+                                  f"{cache} ({shutil.disk_usage(cache).free / MiB:.0f} MiB free now; the partial "
+                                  "build was removed). Free space there, point dataset.cache_dir at a larger disk, "
+                                  "or use dataset.cache=none") from None
 
-    build_once(folder, build)
+    try:
+        ensure_folder(cache)
+        build_once(folder, build, {"format": PIXEL_FORMAT, "key": key, "size": size})
+    except CacheUnwritable as e:
+        raise CacheSpaceError(f"dataset.cache={mode}: dataset.cache_dir={cache_dir} cannot be written and holds no "
+                              f"valid {split} pixel cache ({e.strerror}). Point dataset.cache_dir at a writable "
+                              "folder, or use dataset.cache=none") from None
     pixel_cache = PixelCache(folder)
     if mode == "ram":
         pixel_cache.preload()
@@ -161,8 +171,8 @@ def open_pixel_cache(index: CocoIndex, size: int, mode: str, cache_dir: str | os
     return pixel_cache
 
 
-def _build(index: CocoIndex, size: int, folder: Path, split: str, threads: int) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+def _build(index: CocoIndex, size: int, tmp: Path, split: str, threads: int, key: str, max_pixels: int) -> dict:
+    """Decode and resize every image into ``tmp``; return the manifest's fields."""
     n = len(index)
     offsets = np.zeros(n + 1, np.int64)
     shapes = np.zeros((n, 2), np.int32)
@@ -172,34 +182,27 @@ def _build(index: CocoIndex, size: int, folder: Path, split: str, threads: int) 
 
     def one(k: int):
         try:
-            return load_resized(index, k, size)
+            return load_resized(index, k, size, max_pixels=max_pixels)
         except BadSampleError as e:
             return e
 
-    try:
-        with (open(tmp / "pixels.u8", "wb") as out, ThreadPoolExecutor(threads) as pool,
-              tqdm(total=n, desc=f"caching {split} pixels", unit="image", mininterval=1.0) as bar):
-            # OpenCV releases the GIL while decoding and resizing, so threads scale; map() keeps
-            # the order, and chunks bound what waits in memory to be written.
-            for start in range(0, n, 256):
-                chunk = range(start, min(n, start + 256))
-                for k, result in zip(chunk, pool.map(one, chunk)):
-                    if isinstance(result, BadSampleError):
-                        errors[str(k)] = result.reason or str(result)
-                    else:
-                        out.write(np.ascontiguousarray(result.image).data)
-                        shapes[k] = result.image.shape[:2]
-                        orig_hw[k] = result.orig_hw
-                        scales[k] = result.scale
-                    offsets[k + 1] = out.tell()
-                bar.update(len(chunk))
-        for name, array in (("offsets", offsets), ("shapes", shapes), ("orig_hw", orig_hw), ("scales", scales)):
-            np.save(tmp / f"{name}.npy", array, allow_pickle=False)
-        meta = {"format": PIXEL_FORMAT, "size": size, "count": n, "errors": errors}
-        (tmp / "meta.json").write_text(json.dumps(meta))  # written last: its presence marks a complete cache
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with (open(tmp / "pixels.u8", "wb") as out, ThreadPoolExecutor(threads) as pool,
+          tqdm(total=n, desc=f"caching {split} pixels", unit="image", mininterval=1.0) as bar):
+        # OpenCV releases the GIL while decoding and resizing, so threads scale; map() keeps
+        # the order, and chunks bound what waits in memory to be written.
+        for start in range(0, n, 256):
+            chunk = range(start, min(n, start + 256))
+            for k, result in zip(chunk, pool.map(one, chunk)):
+                if isinstance(result, BadSampleError):
+                    errors[str(k)] = result.reason or str(result)
+                else:
+                    out.write(np.ascontiguousarray(result.image).data)
+                    shapes[k] = result.image.shape[:2]
+                    orig_hw[k] = result.orig_hw
+                    scales[k] = result.scale
+                offsets[k + 1] = out.tell()
+            bar.update(len(chunk))
+    for name, array in (("offsets", offsets), ("shapes", shapes), ("orig_hw", orig_hw), ("scales", scales)):
+        np.save(tmp / f"{name}.npy", array, allow_pickle=False)
     log.info("built the %s pixel cache: %d images (%d unreadable), %.1f MiB", split, n, len(errors), offsets[-1] / MiB)
-
+    return {"format": PIXEL_FORMAT, "key": key, "size": size, "count": n, "errors": errors}

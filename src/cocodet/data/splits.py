@@ -12,8 +12,7 @@ from cocodet.data.index_cache import cached_index
 
 
 def load_splits(root: str, train_images: str, train_ann: str, val_images: str, val_ann: str, keep_empty: bool = True,
-                on_bad_sample: str = "raise", synthetic: dict | None = None, cache_dir: str | None = None,
-                **_other_dataset_options) -> tuple[CocoIndex, CocoIndex]:
+                on_bad_sample: str = "raise", synthetic: dict | None = None, cache_dir: str | None = None) -> tuple[CocoIndex, CocoIndex]:
     """(train, val) indexes of the dataset under ``root`` (arguments as in ``conf/dataset/coco.yaml``).
 
     Generates the synthetic dataset first when ``synthetic`` is given; refuses a missing root,

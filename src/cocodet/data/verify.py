@@ -9,16 +9,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cocodet.data.coco import BadSampleError, CocoIndex, load_raw
+from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
 
 
-def scan(index: CocoIndex, threads: int = 8) -> list[dict]:
+def scan(index: CocoIndex, threads: int = 8, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> list[dict]:
     """Decode every image of ``index``; return one record per problem (file, image id, reason)."""
 
     def check(k: int) -> dict | None:
         try:
-            load_raw(index, k)  # OpenCV releases the GIL while decoding: threads scale
+            load_raw(index, k, max_pixels=max_pixels)  # OpenCV releases the GIL while decoding: threads scale
         except BadSampleError as e:
             return {"index": k, "image_id": e.image_id, "file": e.path, "reason": e.reason}
         return None
@@ -40,11 +41,11 @@ def report_table(split: str, index: CocoIndex, problems: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def verify_indexes(train: CocoIndex, val: CocoIndex, run_dir: Path) -> dict:
+def verify_indexes(train: CocoIndex, val: CocoIndex, run_dir: Path, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> dict:
     """Scan train and val; log the table, write ``verify.json``; return the problems by split."""
     out = {}
     for split, index in (("train", train), ("val", val)):
-        problems = scan(index)
+        problems = scan(index, max_pixels=max_pixels)
         out[split] = problems
         log.info("dataset.verify\n%s", report_table(split, index, problems))
     Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from cocodet.errors import UserError
+from cocodet.models.checkpoint_file import CheckpointError, load_checkpoint
 
 
-class CheckpointError(UserError):
-    """ckpt_path missing, unreadable, or not a checkpoint of this kind of model."""
-
-
-def load_weights(module: torch.nn.Module, ckpt_path: str | None, weights_only: bool) -> dict:
-    """Copy the checkpoint's ``state_dict`` into ``module``; return the checkpoint."""
+def read_weights(ckpt_path: str | None, weights_only: bool) -> dict:
+    """The checkpoint a mode that uses weights needs (one line and exit 2 when there is none,
+    or when it is refused)."""
     if not ckpt_path:
         raise CheckpointError("this mode needs a checkpoint: add ckpt_path=<run>/checkpoints/last.ckpt "
                               "(or ckpt_path=last for the newest run's)")
-    if not Path(ckpt_path).is_file():
-        raise CheckpointError(f"ckpt_path={ckpt_path} is not a file")
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=weights_only)
+    return load_checkpoint(ckpt_path, weights_only)
+
+
+def load_weights(module: torch.nn.Module, ckpt_path: str | None, weights_only: bool,
+                 checkpoint: dict | None = None) -> dict:
+    """Copy the checkpoint's ``state_dict`` into ``module`` (``checkpoint``: already read from
+    ``ckpt_path``); return the checkpoint."""
+    if checkpoint is None:
+        checkpoint = read_weights(ckpt_path, weights_only)
     try:
         module.load_state_dict(checkpoint["state_dict"])
     except (KeyError, RuntimeError) as e:

@@ -10,7 +10,6 @@ results of a val folder can be scored by COCOeval directly.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import time
@@ -20,13 +19,13 @@ import cv2
 import numpy as np
 import torch
 import torch.utils.data
-from PIL import Image
 from tqdm import tqdm
 
 from cocodet.errors import UserError
 from cocodet.data.augment import Letterbox
 from cocodet.data.bad_samples import append_records, skip_record
 from cocodet.data.coco import BadSampleError, decode_resized
+from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.dataset import EpochSampler
 from cocodet.loader.flat_batch import restore, to_device
 from cocodet.loader.build import build_loader
@@ -53,23 +52,15 @@ def list_images(source: str) -> list[Path]:
     raise PredictSourceError(f"predict.source={source} is neither a file nor a folder")
 
 
-def stored_size(data: bytes) -> tuple[int, int]:
-    """(height, width) from the image header without decoding; (0, 0) when unreadable."""
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            w, h = im.size
-        return h, w
-    except Exception:  # noqa: BLE001 - the decode that follows reports what is wrong
-        return 0, 0
-
-
 class ImageFolderDataset(torch.utils.data.Dataset):
     """Files -> letterboxed samples in DetectionDataset's format (no targets). A file that
     cannot be read becomes a grey sample with ``image_id`` -1 and a skip record
     (``on_bad_sample=skip``), or raises BadSampleError (``raise``)."""
 
-    def __init__(self, files: list[Path], image_ids: list[int], image_size: int, on_bad_sample: str):
+    def __init__(self, files: list[Path], image_ids: list[int], image_size: int, on_bad_sample: str,
+                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
         self.files, self.image_ids, self.on_bad_sample = files, image_ids, on_bad_sample
+        self.max_pixels = max_pixels
         self.letterbox = Letterbox(image_size)
 
     def __len__(self) -> int:
@@ -81,7 +72,8 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         t0 = time.perf_counter()
         try:
             data = path.read_bytes()
-            image, orig_hw, scale = decode_resized(data, stored_size(data), self.letterbox.image_size)
+            # No annotation: the header gives the size, checked against max_pixels before a decode.
+            image, orig_hw, scale = decode_resized(data, (0, 0), self.letterbox.image_size, self.max_pixels)
         except (OSError, ValueError) as e:
             error = BadSampleError(str(path), self.image_ids[i], getattr(e, "strerror", None) or str(e))
             if self.on_bad_sample == "raise":
@@ -114,12 +106,13 @@ def assign_ids(files: list[Path], known: dict[str, int]) -> list[int]:
 
 
 def predict(module, datamodule, plan, *, source: str, score_threshold: float, draw: bool, on_bad_sample: str,
-            batch_size: int, run_dir: Path, device: torch.device) -> dict:
+            batch_size: int, run_dir: Path, device: torch.device,
+            max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> dict:
     files = list_images(source)
     known = {Path(str(p)).name: int(i) for p, i in zip(datamodule.val_index.paths, datamodule.val_index.image_ids)}
     ids = assign_ids(files, known)
     file_of = dict(zip(ids, files))
-    dataset = ImageFolderDataset(files, ids, datamodule.image_size, on_bad_sample)
+    dataset = ImageFolderDataset(files, ids, datamodule.image_size, on_bad_sample, max_image_pixels)
     loader = build_loader(dataset, EpochSampler(len(dataset), 0, shuffle=False), batch_size, plan)
     model = module.model.to(device).eval()
     names = dict(zip(module.category_ids.tolist(), datamodule.val_index.category_names))

@@ -14,8 +14,9 @@ import signal
 from typing import Iterator
 
 from cocodet.loader.hang import worker_stacks
-from cocodet.loader.policy import MiB, LoaderPlan
+from cocodet.loader.policy import LoaderPlan
 from cocodet.loader.resources import probe
+from cocodet.units import mib
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,10 @@ _WORKER = ("exited unexpectedly", "killed by signal", "connection reset by peer"
 
 
 def _fmt(x: int | None) -> str:
-    return "n/a" if x is None else f"{x / MiB:.1f} MiB"
+    return mib(x, "n/a")
 
 
-# "unable to mmap N bytes": one tensor's mapping. Tiny ones (the seed saw 96, 144, 336 bytes:
+# "unable to mmap N bytes": one tensor's mapping. Tiny ones (96, 144, 336 bytes were seen:
 # label and count storages) fail when the process ran out of map slots (vm.max_map_count);
 # a batch-sized one fails when /dev/shm ran out of bytes (the pin-memory thread then says
 # "Cannot allocate memory", which is not the OOM killer). 64 KiB separates the two.

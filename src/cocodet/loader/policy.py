@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 
 from cocodet.errors import ConfigError
 from cocodet.loader.resources import HostResources
+from cocodet.units import MiB, mib
 
 log = logging.getLogger(__name__)
 
-MiB = 1 << 20
 # Unique memory of one worker process (torch + cv2 + albumentations imported, dataset index
 # shared copy-on-write), estimated from the USS of workers on this stack (~250-300 MiB) plus
 # the decode/augment working set. `mode=bench` prints the measured value next to it.
@@ -68,21 +68,18 @@ class LoaderPlan:
 
     def table(self) -> str:
         """The plan as a small fixed-width table for the log."""
-        def mb(x):
-            return "-" if x is None else f"{x / MiB:.1f} MiB"
-
         rows = [
             ("workers", f"{self.num_workers} (source: {self.source}, requested: {self.requested})"),
-            ("batch", f"{self.batch_size} images, {mb(self.batch_bytes)} per FlatBatch"
+            ("batch", f"{self.batch_size} images, {mib(self.batch_bytes)} per FlatBatch"
                       + (f", shipped in parts of {self.part_images} images" if self.part_images else "")),
             ("prefetch / pin / persistent", f"{self.prefetch_factor} / {self.pin_memory} / {self.persistent_workers}"),
-            ("in flight", f"{mb(self.inflight_bytes)}, {self.inflight_fds} fds/maps ({self.fds_per_batch} per batch)"),
+            ("in flight", f"{mib(self.inflight_bytes)}, {self.inflight_fds} fds/maps ({self.fds_per_batch} per batch)"),
             ("local ranks on this host", str(self.local_ranks)),
             ("CPUs: host / per rank", f"{self.host_cpus} / {self.usable_cpus}"),
-            ("/dev/shm: host free / rank budget", f"{mb(self.shm_free_bytes)} / {mb(self.shm_budget_bytes)}"),
-            ("memory: host available / per rank", f"{mb(self.memory_available_bytes)} / "
-                                                  f"{mb(self.memory_available_bytes // max(1, self.local_ranks))}; "
-                                                  f"worker footprint {mb(self.worker_footprint_bytes)} ({self.footprint_source})"),
+            ("/dev/shm: host free / rank budget", f"{mib(self.shm_free_bytes)} / {mib(self.shm_budget_bytes)}"),
+            ("memory: host available / per rank", f"{mib(self.memory_available_bytes)} / "
+                                                  f"{mib(self.memory_available_bytes // max(1, self.local_ranks))}; "
+                                                  f"worker footprint {mib(self.worker_footprint_bytes)} ({self.footprint_source})"),
             ("RLIMIT_NOFILE / vm.max_map_count", f"{self.nofile_soft} / {self.max_map_count}"),
         ]
         for cap in self.caps:

@@ -14,6 +14,7 @@ import logging
 from dataclasses import replace
 from typing import Callable
 
+from cocodet import schema
 from cocodet.loader.diagnose import LoaderFailure, explain, failure_kind
 from cocodet.loader.policy import LoaderPlan
 
@@ -22,7 +23,6 @@ log = logging.getLogger(__name__)
 # What a smaller plan can cure. Not: a hang (a read that never returns blocks at any worker
 # count), a segfault (native code, see the diagnosis), a sample's own exception (raise mode).
 RESOURCE_KINDS = ("shm", "segments", "memory")
-ON_FAILURE = ("replan", "raise")
 
 # (workers, prefetch) -> a plan against the host probed now, with the run's other plan_loader arguments.
 PlanFn = Callable[[int, int], LoaderPlan]
@@ -68,8 +68,7 @@ class Replanner:
                  max_replans: int = 3, shm_path: str = "/dev/shm"):
         self.plan, self.plan_fn, self.max_replans, self.shm_path = plan, plan_fn, max_replans, shm_path
         self.on_failure = on_failure or (default_on_failure(plan.source) if plan is not None else "raise")
-        if self.on_failure not in ON_FAILURE:
-            raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
+        schema.check("loader.on_failure", self.on_failure)
         self.records: list[dict] = []
         self.step_fn: Callable[[], int | None] = lambda: None  # the trainer's global step, when one runs
 

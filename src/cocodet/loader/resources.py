@@ -11,8 +11,10 @@ import resource
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cocodet.host import cgroup_cpu_limit, memory_available, read_text_or_none
+from cocodet.units import mib
+
 log = logging.getLogger(__name__)
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -35,75 +37,15 @@ class HostResources:
 
     def table(self) -> str:
         """Host preflight: every resource the plan reads, with its number."""
-        def mib(x):
-            return "none" if x is None else f"{x / 2**20:.1f} MiB"
-
         rows = [
             ("CPUs", f"{self.usable_cpus} usable per rank (affinity {self.affinity_cpus}, cgroup quota "
                      f"{self.cgroup_cpus if self.cgroup_cpus is not None else 'none'}, {self.local_world_size} local ranks)"),
-            ("shm", f"{self.shm_path}: {mib(self.shm_free_bytes)} free of {mib(self.shm_total_bytes)}"),
+            ("shm", f"{self.shm_path}: {mib(self.shm_free_bytes, 'none')} free of {mib(self.shm_total_bytes, 'none')}"),
             ("memory", f"{mib(self.memory_available_bytes)} available ({self.memory_source})"),
             ("RLIMIT_NOFILE", f"soft {self.nofile_soft}, hard {self.nofile_hard}"),
             ("vm.max_map_count", str(self.max_map_count)),
         ]
         return "\n".join(f"  {k:<16}  {v}" for k, v in rows)
-
-
-def _own_cgroup_dirs() -> list[Path]:
-    """cgroup v2 directories of this process, innermost first, up to the root."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return [CGROUP_ROOT]
-    rel = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), "/")
-    path = CGROUP_ROOT / rel.lstrip("/")
-    dirs = [path, *path.parents]
-    return [d for d in dirs if str(d).startswith(str(CGROUP_ROOT))]
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
-def cgroup_cpu_limit() -> float | None:
-    """The tightest CPU quota in cores (cgroup v2 ``cpu.max`` or v1 CFS quota), None if unlimited."""
-    limits = []
-    for d in _own_cgroup_dirs():
-        text = _read(d / "cpu.max")
-        if text and not text.startswith("max"):
-            quota, period = text.split()[:2]
-            limits.append(int(quota) / int(period))
-    quota, period = _read(CGROUP_ROOT / "cpu" / "cpu.cfs_quota_us"), _read(CGROUP_ROOT / "cpu" / "cpu.cfs_period_us")
-    if quota and period and int(quota) > 0:
-        limits.append(int(quota) / int(period))
-    return min(limits) if limits else None
-
-
-def memory_available() -> tuple[int, str]:
-    """Bytes this process may still allocate: the tighter of the cgroup limit and MemAvailable."""
-    mem_available = None
-    for line in (_read(Path("/proc/meminfo")) or "").splitlines():
-        if line.startswith("MemAvailable:"):
-            mem_available = int(line.split()[1]) * 1024
-    candidates = []
-    if mem_available is not None:
-        candidates.append((mem_available, "MemAvailable"))
-    for d in _own_cgroup_dirs():
-        limit, current = _read(d / "memory.max"), _read(d / "memory.current")
-        if limit and limit != "max" and current:
-            candidates.append((int(limit) - int(current), f"cgroup v2 {d}/memory.max"))
-    v1_limit = _read(CGROUP_ROOT / "memory" / "memory.limit_in_bytes")
-    v1_usage = _read(CGROUP_ROOT / "memory" / "memory.usage_in_bytes")
-    if v1_limit and v1_usage and int(v1_limit) < 1 << 60:
-        candidates.append((int(v1_limit) - int(v1_usage), "cgroup v1 memory.limit_in_bytes"))
-    if not candidates:
-        import psutil
-
-        return int(psutil.virtual_memory().available), "psutil"
-    return min(candidates)
 
 
 def shm_space(shm_path: str) -> tuple[int | None, int | None]:
@@ -131,7 +73,7 @@ def probe(shm_path: str = "/dev/shm", ranks_per_host: int = 1) -> HostResources:
     ranks = local_world_size(ranks_per_host)
     total, free = shm_space(shm_path)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    maps = _read(Path("/proc/sys/vm/max_map_count"))
+    maps = read_text_or_none(Path("/proc/sys/vm/max_map_count"))
     mem, source = memory_available()
     return HostResources(
         affinity_cpus=affinity, cgroup_cpus=quota, local_world_size=ranks, usable_cpus=max(1, max(1, cpus) // ranks),

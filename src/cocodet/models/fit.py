@@ -14,12 +14,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.policy import LoaderPlan
+from cocodet.models.evaluation import STAT_NAMES
 from cocodet.models.preemption import PreemptionCheckpoint
 
 log = logging.getLogger(__name__)
-
-HEADLINE = ("map", "map50", "map75", "map_small", "map_medium", "map_large")
-
 
 def seed_model_init(seed: int) -> None:
     """Seed the generators a detector's weight init draws from (call before building it); the
@@ -59,7 +57,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     return {
         "mode": "train",
         "status": status,
-        **{k: round(float(metrics.get(k, 0.0)), 4) for k in HEADLINE},
+        **{k: round(float(metrics.get(k, 0.0)), 4) for k in STAT_NAMES},
         "best_map": round(float(best), 4) if best is not None else None,
         "epochs": int(trainer.current_epoch),
         "steps": int(trainer.global_step),

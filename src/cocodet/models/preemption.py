@@ -61,14 +61,20 @@ class PreemptionCheckpoint(L.Callback):
                         trainer.current_epoch)
 
 
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint a run wrote in ``run_dir`` (its ``checkpoints/`` or a SLURM
+    ``hpc_ckpt_*``), or None. Looks nowhere else: ``ckpt_path=last_if_any``."""
+    if not run_dir.is_dir():
+        return None
+    found = list(run_dir.glob("checkpoints/*.ckpt")) + list(run_dir.glob("hpc_ckpt_*.ckpt"))
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
 def find_last_checkpoint(run_dir: Path, outputs_root: Path) -> Path:
     """``ckpt_path=last``: the newest checkpoint in ``run_dir`` (a requeued job passing the
     same ``hydra.run.dir``), else in the newest run under ``outputs_root`` that has one."""
-    def newest(folder: Path) -> Path | None:
-        found = [p for p in folder.glob("checkpoints/*.ckpt")] + list(folder.glob("hpc_ckpt_*.ckpt"))
-        return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-    here = newest(run_dir) if run_dir.is_dir() else None
+    newest = newest_checkpoint
+    here = newest(run_dir)
     if here is not None:
         return here
     candidates = [c for c in (newest(d.parent.parent) for d in outputs_root.glob("**/checkpoints/last.ckpt")) if c]

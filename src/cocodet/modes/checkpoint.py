@@ -12,12 +12,13 @@ from cocodet.modes.wiring import build_datamodule, build_module, build_trainer, 
 
 def _with_weights(cfg: DictConfig, plan: LoaderPlan, run_dir: Path):
     """(datamodule, module with the checkpoint's weights, checkpoint path)."""
-    from cocodet.inference.checkpoint import load_weights
+    from cocodet.inference.checkpoint import load_weights, read_weights
 
-    datamodule = build_datamodule(cfg, plan, run_dir)
     ckpt = resume_path(cfg, run_dir)
+    checkpoint = read_weights(ckpt, bool(cfg.weights_only))  # refused before any dataset work
+    datamodule = build_datamodule(cfg, plan, run_dir)
     module = build_module(cfg, datamodule)
-    load_weights(module, ckpt, bool(cfg.get("weights_only")))
+    load_weights(module, ckpt, bool(cfg.weights_only), checkpoint)
     return datamodule, module, ckpt
 
 
@@ -41,7 +42,8 @@ def predict(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict
         return predict_images(module, datamodule, plan, source=str(cfg.predict.source),
                               score_threshold=float(cfg.predict.score_threshold), draw=bool(cfg.predict.draw),
                               on_bad_sample=str(cfg.dataset.on_bad_sample), batch_size=int(cfg.loader.batch_size),
-                              run_dir=run_dir, device=device_of(cfg))
+                              run_dir=run_dir, device=device_of(cfg),
+                              max_image_pixels=int(cfg.dataset.max_image_pixels))
 
 
 def export(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:

@@ -11,10 +11,14 @@ from cocodet.modes.wiring import build_datamodule, build_module, build_trainer, 
 
 
 def train(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
+    from cocodet.models.checkpoint_file import load_checkpoint
     from cocodet.models.fit import fit, seed_model_init
 
+    ckpt, weights_only = resume_path(cfg, run_dir), bool(cfg.weights_only)
+    if ckpt:  # refused in one line before Lightning loads it (as it will: with the same weights_only)
+        load_checkpoint(ckpt, weights_only)
     datamodule = build_datamodule(cfg, plan, run_dir)
     seed_model_init(int(cfg.seed))
     module = build_module(cfg, datamodule)
-    return fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=resume_path(cfg, run_dir),
-               weights_only=bool(cfg.get("weights_only")), shm_path=str(cfg.loader.shm_path))
+    return fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=ckpt, weights_only=weights_only,
+               shm_path=str(cfg.loader.shm_path))

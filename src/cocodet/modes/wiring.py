@@ -63,7 +63,7 @@ def _plan_args(cfg: DictConfig) -> dict:
                 cuda=uses_cuda(cfg.trainer.get("accelerator", "auto")), pin_memory=loader.pin_memory,
                 persistent_workers=bool(loader.persistent_workers),
                 worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
-                part_images=loader.get("part_images"), partner_pool=int(cfg.augment.get("partner_pool", 0)),
+                part_images=loader.get("part_images"), partner_pool=cfg.augment.get("partner_pool") or 0,
                 timeout_s=float(loader.get("timeout", 0)),
                 val_batch_bytes=batch_bytes(int(loader.val_batch_size), size) if loader.get("val_batch_size") else None)
 
@@ -106,11 +106,18 @@ def build_trainer(cfg: DictConfig, run_dir: Path):
 
 
 def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
-    """``ckpt_path``: a file, or ``last`` for the newest checkpoint of this run dir (else of the newest run)."""
-    from cocodet.models.preemption import find_last_checkpoint
+    """``ckpt_path``: a file; ``last``, the newest checkpoint of this run dir (else of the
+    newest run); ``last_if_any``, the newest of this run dir if it has one, else none (start
+    fresh): what a rescheduled pod running its first command needs, and never another run's."""
+    from cocodet.models.preemption import find_last_checkpoint, newest_checkpoint
 
-    if cfg.get("ckpt_path") != "last":
-        return cfg.get("ckpt_path")
+    ckpt = cfg.get("ckpt_path")
+    if ckpt == "last_if_any":
+        path = newest_checkpoint(run_dir)
+        log.info("ckpt_path=last_if_any: %s", f"resuming {path}" if path else f"no checkpoint in {run_dir}, starting fresh")
+        return str(path) if path else None
+    if ckpt != "last":
+        return ckpt
     path = find_last_checkpoint(run_dir, Path("outputs"))
     log.info("ckpt_path=last: resuming %s", path)
     return str(path)

@@ -1,0 +1,135 @@
+"""Every user-settable rule, written once (bottom layer: no omegaconf, no Hydra, no torch).
+
+``config.validate`` checks a composed config against :data:`RULES` at start; constructors
+that take the same values from code check them with :func:`check`, against the same rule, so
+no choice list or range is written twice. A value outside its rule is a :class:`ConfigError`
+that names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from cocodet.errors import ConfigError
+
+LOADER_POLICIES = ("auto", "explicit", "inherited")
+ON_BAD_SAMPLE = ("raise", "skip")
+ON_FAILURE = ("replan", "raise")
+CACHE_MODES = ("none", "ram", "disk")
+BENCH_CONSUMERS = ("none", "spin", "sleep", "model")
+BENCH_PRODUCERS = ("dataset", "sleep", "spin")
+EVAL_SPLITS = ("val", "train")
+EXPORT_FORMATS = ("torchscript", "onnx")
+EVAL_BACKENDS = ("faster", "pycocotools")
+
+# The dataset group's keys: the CocoDataModule arguments a config gives (its runtime arguments,
+# the recipe, plan, batch sizes, seed and run dir, come from other groups). A key outside this
+# list is refused in every mode, so a typo cannot pass mode=plan and end another mode in a
+# TypeError (tests/test_config.py keeps it equal to the constructor's signature).
+DATASET_KEYS = ("_target_", "root", "train_images", "train_ann", "val_images", "val_ann", "image_size",
+                "keep_empty", "on_bad_sample", "verify", "synthetic", "cache_dir", "cache", "max_image_pixels")
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    check: Callable[[Any], bool]
+    allowed: str
+    optional: bool = False  # null is allowed (it means what ``allowed`` says)
+
+    def validate(self, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if not self.check(value):
+            raise ConfigError(f"{self.key}={show(value)} is not allowed: expected {self.allowed}")
+
+
+def _int(lo: int | None = None) -> Callable[[Any], bool]:
+    def check(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo)
+    return check
+
+
+def _number(lo: float, hi: float | None = None) -> Callable[[Any], bool]:
+    def check(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+    return check
+
+
+def _scale(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(0.05)(s) for s in v) and v[0] <= v[1]
+
+
+def _one_of(options: tuple) -> tuple[Callable[[Any], bool], str]:
+    words = [str(o).lower() if isinstance(o, bool) else str(o) for o in options]
+    return (lambda v: any(v == o and type(v) is type(o) for o in options)), (
+        ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0])
+
+
+def _choice(key: str, options: tuple, optional_means: str | None = None) -> Rule:
+    check, allowed = _one_of(options)
+    if optional_means:
+        allowed += f", or null {optional_means}"
+    return Rule(key, check, allowed, optional=optional_means is not None)
+
+
+_BOOL = (True, False)
+RULES = (
+    Rule("seed", _int(0), "an integer >= 0"),
+    Rule("dataset.root", lambda v: isinstance(v, str) and bool(v), "a folder path"),
+    Rule("dataset.image_size", _int(32), "an integer >= 32 (pixels of the letterboxed side)"),
+    _choice("dataset.on_bad_sample", ON_BAD_SAMPLE),
+    _choice("dataset.keep_empty", _BOOL),
+    _choice("dataset.cache", CACHE_MODES),
+    Rule("dataset.max_image_pixels", _int(1), "an integer >= 1 (pixels of the largest image read)"),
+    _choice("loader.policy", LOADER_POLICIES),
+    Rule("loader.batch_size", _int(1), "an integer >= 1"),
+    Rule("loader.val_batch_size", _int(1), "an integer >= 1, or null for batch_size", optional=True),
+    Rule("loader.num_workers", _int(0), "an integer >= 0, or null for the policy's own count", optional=True),
+    Rule("loader.prefetch_factor", _int(1), "an integer >= 1"),
+    _choice("loader.on_failure", ON_FAILURE, "for the policy's default"),
+    Rule("loader.max_replans", _int(0), "an integer >= 0"),
+    Rule("loader.timeout", _number(0.0), "seconds >= 0 (0: no timeout)"),
+    Rule("loader.part_images", _int(1), "an integer >= 1, or null to ship whole batches when they fit", optional=True),
+    _choice("loader.pin_memory", ("auto", True, False)),
+    Rule("loader.worker_footprint_mb", _int(1), "an integer >= 1 (MiB), or null for the estimate", optional=True),
+    _choice("eval.split", EVAL_SPLITS),
+    Rule("predict.score_threshold", _number(0.0, 1.0), "a score in [0, 1]"),
+    _choice("predict.draw", _BOOL),
+    _choice("export.format", EXPORT_FORMATS),
+    Rule("export.opset", _int(9), "an ONNX opset >= 9"),
+    Rule("checkpoint.every_n_steps", _int(0), "an integer >= 0 (0: checkpoints at epoch ends only)"),
+    _choice("weights_only", _BOOL),
+    Rule("bench.batches", _int(1), "an integer >= 1, or null for whole epochs", optional=True),
+    Rule("bench.warmup", _int(0), "an integer >= 0"),
+    Rule("bench.epochs", _int(1), "an integer >= 1"),
+    _choice("bench.consumer", BENCH_CONSUMERS),
+    _choice("bench.producer", BENCH_PRODUCERS),
+    Rule("bench.work_ms", _number(0.0), "a number >= 0"),
+    Rule("bench.decode_probe", _int(0), "an integer >= 0"),
+    Rule("model.optimizer.lr", _number(1e-12), "a learning rate > 0"),
+    Rule("model.eval_max_images", _int(1), "an integer >= 1, or null for every val image", optional=True),
+    _choice("model.eval_backend", EVAL_BACKENDS),
+    Rule("augment.flip_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
+    Rule("augment.mosaic_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
+    Rule("augment.partner_pool", _int(2), "an integer >= 2, or null for partners from the whole dataset",
+         optional=True),
+    Rule("augment.translate", _number(0.0, 1.0), "a fraction of the image side in [0, 1]", optional=True),
+    Rule("augment.min_visibility", _number(0.0, 1.0), "a fraction in [0, 1]", optional=True),
+    Rule("augment.scale", _scale, "[low, high] with 0.05 <= low <= high", optional=True),
+)
+_BY_KEY = {rule.key: rule for rule in RULES}
+
+
+def check(key: str, value: Any) -> Any:
+    """Raise ConfigError unless ``value`` is allowed for ``key``; return it (for constructors)."""
+    _BY_KEY[key].validate(value)
+    return value
+
+
+def show(value: Any) -> str:
+    """A value as the user would type it in an override."""
+    if isinstance(value, str):
+        return repr(value)
+    return str(value).replace("True", "true").replace("False", "false").replace("None", "null")
