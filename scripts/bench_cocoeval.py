@@ -1,8 +1,9 @@
 """COCOeval's cost at full-COCO validation size: 5,000 images with 100 detections each.
 
 Detections are the ground truth jittered (so the numbers are not trivial) plus random false
-positives up to 100 per image, scored at random. Times pycocotools (the implementation
-cocodet uses) and, when installed, faster-coco-eval on the same detections, in one run.
+positives up to 100 per image, scored at random. Times both ``model.eval_backend`` choices
+(pycocotools and faster-coco-eval) on the same detections in one run, and prints the largest
+difference between them over the 12 stats and the full precision array.
 
     python scripts/make_scale_coco.py --src ../shared/data/coco_tiny --out /tmp/coco_scale
     python scripts/bench_cocoeval.py /tmp/coco_scale/annotations/instances_val2017.json
@@ -11,13 +12,13 @@ cocodet uses) and, when installed, faster-coco-eval on the same detections, in o
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import io
 import json
 import time
 
 import numpy as np
+
+from cocodet.models.evaluation import ALL_STAT_NAMES, evaluate, load_ground_truth
+from cocodet.schema import EVAL_BACKENDS
 
 
 def detections(gt: dict, per_image: int, seed: int = 0) -> list[dict]:
@@ -43,17 +44,12 @@ def detections(gt: dict, per_image: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def run(package: str, ann_file: str, dets: list[dict]) -> tuple[float, list[float]]:
-    coco_mod = importlib.import_module(f"{package}.coco")
-    eval_mod = importlib.import_module(f"{package}.cocoeval")
-    with contextlib.redirect_stdout(io.StringIO()):
-        gt = coco_mod.COCO(ann_file)
-        t0 = time.perf_counter()
-        ev = eval_mod.COCOeval(gt, gt.loadRes(dets), "bbox")
-        ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
-    return time.perf_counter() - t0, [round(float(s), 4) for s in ev.stats[:12]]
+def run(backend: str, ann_file: str, dets: list[dict]) -> tuple[float, dict]:
+    """Seconds for loadRes + evaluate + accumulate + summarize, and the result (stats, COCOeval)."""
+    gt = load_ground_truth(ann_file, backend)
+    t0 = time.perf_counter()
+    result = evaluate(gt, dets, backend=backend)
+    return time.perf_counter() - t0, result
 
 
 def main() -> None:
@@ -64,14 +60,17 @@ def main() -> None:
     gt = json.loads(open(args.ann_file).read())
     dets = detections(gt, args.per_image)
     print(f"{len(gt['images'])} images, {len(dets)} detections")
-    print("| implementation | loadRes + evaluate + accumulate + summarize (s) | mAP | mAP@0.5 |\n|---|---|---|---|")
-    for package in ("pycocotools", "faster_coco_eval"):
-        try:
-            seconds, stats = run(package, args.ann_file, dets)
-        except ImportError:
-            print(f"| {package} | not installed | | |")
-            continue
-        print(f"| {package} | {seconds:.1f} | {stats[0]} | {stats[1]} |")
+    print("| model.eval_backend | loadRes + evaluate + accumulate + summarize (s) | mAP | mAP@0.5 |\n|---|---|---|---|")
+    results = {}
+    for backend in EVAL_BACKENDS[::-1]:  # pycocotools (the reference) first
+        seconds, results[backend] = run(backend, args.ann_file, dets)
+        print(f"| {backend} | {seconds:.1f} | {results[backend]['map']:.4f} | {results[backend]['map50']:.4f} |")
+    ref, fast = results["pycocotools"], results["faster"]
+    stat_diff = max(abs(ref[n] - fast[n]) for n in ALL_STAT_NAMES)
+    p_ref, p_fast = ref["coco_eval"].eval["precision"], fast["coco_eval"].eval["precision"]
+    precision_diff = float(np.abs(p_ref - p_fast).max()) if p_ref.shape == p_fast.shape else float("inf")
+    print(f"largest difference: {stat_diff:.2e} over the 12 stats, {precision_diff:.2e} over the precision array "
+          f"{list(p_ref.shape)} ({'equal' if max(stat_diff, precision_diff) <= 1e-4 else 'NOT equal'} to 1e-4)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, synthetic_overrides
+from conftest import REPO, run_in_process, synthetic_overrides
 from cocodet.bench.harness import calibrate_spin, measure, spin
 
 
@@ -31,17 +31,24 @@ def test_harness_counts_returned_examples_and_discards_warmup():
     m = measure(iter(batches), consume=lambda b: None, count=len)
     report = m.report(warmup=1)
     assert report["examples"] == 11 and report["measured_batches"] == 3 and report["batches"] == 4
-    assert report["first_batch_s"] >= 0
+    assert report["first_batch_s"] == round(m.waits[0], 4) and report["epoch_start_s"] == [report["first_batch_s"]]
     with pytest.raises(ValueError, match="warm-up"):
         m.report(warmup=4)
 
 
-def test_spin_is_counted_in_iterations():
+def test_spin_is_counted_in_iterations(monkeypatch):
+    # XOR of 0..n-1 has a closed form: equal only when every one of the n iterations ran.
+    for n in (1, 2, 3, 4, 1001, 4096, 99_999):
+        last = n - 1
+        assert spin(n) == [last, 1, last + 1, 0][last % 4], n
     n = calibrate_spin(1.0)
     assert n > 1000
-    assert spin(10) == spin(10)
+    # Measured once per process: a sweep's jobs then spin the same work whatever the load.
+    monkeypatch.setattr("cocodet.bench.harness.spin", lambda k: pytest.fail("calibrated twice"))
+    assert calibrate_spin(1.0) == n
 
 
+@pytest.mark.slow
 def test_sweep_report_and_plot(tmp_path, synthetic_root):
     out = tmp_path / "sweep"
     rows = sweep(out, synthetic_root, "loader.num_workers=0,2", "bench.batches=6", "bench.warmup=1",
@@ -63,6 +70,7 @@ def test_sweep_report_and_plot(tmp_path, synthetic_root):
     assert image is not None and image.shape[0] > 100 and image.std() > 10
 
 
+@pytest.mark.slow
 def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
     """README's "Where the loop waits" tables, reduced: pinned to one core, 0 vs 4 workers."""
     rows = sweep(tmp_path / "s", synthetic_root, "bench.producer=sleep,spin", "loader.num_workers=0,4",
@@ -81,11 +89,9 @@ def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
 def test_worker_rss_reported_per_epoch(tmp_path, synthetic_root, persistent):
     """Workers are found through the loader's own stream (EpochLoader.worker_pids): torch keeps
     its iterator only for persistent workers, so reading that measured nothing without them."""
-    from conftest import run_train
-
-    _, s = run_train([*synthetic_overrides(synthetic_root), "mode=bench", "bench.epochs=3", "bench.batches=null",
-                      "loader=explicit", "loader.num_workers=2", "bench.decode_probe=0",
-                      f"loader.persistent_workers={str(persistent).lower()}"], tmp_path / "rss")
+    s = run_in_process([*synthetic_overrides(synthetic_root), "mode=bench", "bench.epochs=3", "bench.batches=null",
+                        "loader=explicit", "loader.num_workers=2", "bench.decode_probe=0",
+                        f"loader.persistent_workers={str(persistent).lower()}"], tmp_path / "rss")
     assert s["persistent_workers"] is persistent
     assert len(s["epochs"]) == 3 and all(e["worker_rss_mb"] for e in s["epochs"])
     assert "worker_rss_growth" in s and np.isfinite(s["worker_rss_growth"])

@@ -158,6 +158,7 @@ def test_torchrun_launches_the_same_two_ranks(coco79, two_ranks, tmp_path):
     assert "loader plan for rank 1 (local rank 1 of 2 on this host, node 0)" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env,label,ranks", [
     ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS_PER_NODE": "2"},
      "loader plan for rank 5 (local rank 1 of 2 on this host, node 2)", 2),

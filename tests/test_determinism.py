@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import run_in_process, run_train
+from conftest import run_in_process
 from cocodet.data.augment import Basic, Mosaic
 from cocodet.loader.flat_batch import update_digest
 
@@ -182,7 +182,7 @@ REFERENCE_DIGEST = "0cdfd22fdf330f420cb84c8647198fb781dd515695a50a4d4677c0e07ce2
 
 
 def test_default_train_stream_matches_the_frozen_reference(coco_tiny, tmp_path):
-    _, s = run_train(["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "bench.batches=4", "bench.warmup=0",
-                      "bench.digest_batches=4", "bench.decode_probe=0"], tmp_path / "ref")
+    s = run_in_process(["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "bench.batches=4", "bench.warmup=0",
+                        "bench.digest_batches=4", "bench.decode_probe=0"], tmp_path / "ref")
     assert s["batch_size"] == 8 and s["digest_batches"] == 4
     assert s["batch_digest"] == REFERENCE_DIGEST

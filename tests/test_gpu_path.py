@@ -79,6 +79,7 @@ def test_pinned_batches_copy_non_blocking_and_are_timed_on_cuda():
     assert moved.images.is_cuda and timer.summary()["h2d_mean_ms"] > 0
 
 
+@pytest.mark.slow
 def test_gpu_check_script_without_cuda_says_so_and_exits_0():
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA: run scripts/gpu_check.sh for real")

@@ -171,3 +171,18 @@ def test_a_training_run_imports_nothing_from_bench(tmp_path, synthetic_root):
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "BENCH_MODULES []" in proc.stdout, proc.stdout[-500:]
+
+
+@pytest.mark.slow
+def test_plan_mode_imports_neither_torch_nor_lightning(tmp_path, synthetic_root):
+    """README promises mode=plan answers in about a second: the whole path, summary included."""
+    from conftest import synthetic_overrides
+
+    proc = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = sys.argv[1:]; "
+                           "import atexit; atexit.register(lambda: print('HEAVY', sorted({m.split('.')[0] for m in "
+                           "sys.modules} & {'torch', 'lightning', 'torchvision', 'pytorch_lightning'})))\n"
+                           "runpy.run_path(sys.argv[0], run_name='__main__')",
+                           str(REPO / "train.py"), *synthetic_overrides(synthetic_root), "mode=plan",
+                           f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"mode": "plan"' in proc.stdout and "HEAVY []" in proc.stdout, proc.stdout[-500:]

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, is_root, run_train, synthetic_overrides
+from conftest import REPO, is_root, run_in_process, run_train, synthetic_overrides
 
 MB64 = 64 * 1024 * 1024
 
@@ -30,6 +30,7 @@ def coco640(coco_tiny, batch: int = 64) -> list[str]:
     return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=640", f"loader.batch_size={batch}"]
 
 
+@pytest.mark.slow
 @needs_root
 def test_plan_in_64mb_shm_fits_budget(coco_tiny, tmp_path):
     _, s = run_train([*coco640(coco_tiny), "mode=plan"], tmp_path / "plan", prefix=shm_namespace())
@@ -43,6 +44,7 @@ def test_plan_in_64mb_shm_fits_budget(coco_tiny, tmp_path):
     assert shm_cap["applied"] and "--shm-size" in shm_cap["reason"] and "parts of" in shm_cap["reason"]
 
 
+@pytest.mark.slow
 @needs_root
 def test_auto_run_completes_in_64mb_shm(coco_tiny, tmp_path):
     args = [*coco640(coco_tiny), "mode=bench", "bench.batches=3", "bench.warmup=0", "bench.decode_probe=0"]
@@ -66,6 +68,7 @@ def test_auto_training_in_64mb_shm_validates_without_running_out(coco_tiny, tmp_
     assert s["replans"] == [] and s["on_failure"] == "replan"
 
 
+@pytest.mark.slow
 @needs_root
 def test_explicit_overcommit_warns_then_fails_with_shm_diagnosis(coco_tiny, tmp_path):
     args = [*coco640(coco_tiny), "mode=bench", "loader=explicit", "loader.num_workers=8", "loader.prefetch_factor=4",
@@ -81,14 +84,16 @@ def test_explicit_overcommit_warns_then_fails_with_shm_diagnosis(coco_tiny, tmp_
         assert out.find("DataLoader failure") > warn_at
 
 
-def test_inherited_env_count_is_capped_to_cpus(tmp_path, synthetic_root):
+def test_inherited_env_count_is_capped_to_cpus(tmp_path, synthetic_root, monkeypatch):
+    monkeypatch.setenv("COCODET_NUM_WORKERS", "64")
     args = [*synthetic_overrides(synthetic_root), "mode=plan", "loader=inherited", "loader.batch_size=64"]
-    _, s = run_train(args, tmp_path / "inh", env={"COCODET_NUM_WORKERS": "64"}, prefix=["taskset", "-c", "0,1"])
+    s = run_in_process(args, tmp_path / "inh")
     assert s["source"] == "inherited" and s["requested"] == 64
-    assert s["num_workers"] == min(2, os.cpu_count())
+    assert s["num_workers"] == s["usable_cpus"] < 64
     assert next(c for c in s["caps"] if c["name"] == "cpu")["applied"]
 
 
+@pytest.mark.slow
 @needs_root
 def test_inherited_count_is_capped_by_shm(coco_tiny, tmp_path):
     args = [*coco640(coco_tiny, batch=8), "mode=plan", "loader=inherited"]
@@ -98,6 +103,7 @@ def test_inherited_count_is_capped_by_shm(coco_tiny, tmp_path):
     assert s["inflight_bytes"] <= s["shm_budget_bytes"]
 
 
+@pytest.mark.slow
 def test_explicit_twelve_is_honoured_with_numbers(tmp_path, synthetic_root):
     args = [*synthetic_overrides(synthetic_root), "mode=plan", "loader=explicit", "loader.num_workers=12"]
     proc, s = run_train(args, tmp_path / "exp", prefix=["taskset", "-c", "0,1"])
@@ -106,17 +112,19 @@ def test_explicit_twelve_is_honoured_with_numbers(tmp_path, synthetic_root):
     assert "12 workers on 2 usable CPUs" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_num_workers_on_command_line_is_explicit_and_preset_is_inherited(tmp_path, synthetic_root):
     _, s = run_train([*synthetic_overrides(synthetic_root), "mode=plan", "loader.num_workers=1"], tmp_path / "a")
     assert s["source"] == "explicit" and s["num_workers"] == 1
 
 
-def test_host_without_shm_is_not_capped(tmp_path, synthetic_root):
+def test_host_without_shm_is_not_capped(tmp_path, synthetic_root, caplog):
+    caplog.set_level("INFO")
     args = [*synthetic_overrides(synthetic_root), "mode=plan", f"loader.shm_path={tmp_path / 'no_shm_here'}"]
-    proc, s = run_train(args, tmp_path / "noshm")
+    s = run_in_process(args, tmp_path / "noshm")
     shm_cap = next(c for c in s["caps"] if c["name"] == "shm")
     assert s["shm_free_bytes"] is None and not shm_cap["applied"] and "not capped" in shm_cap["reason"]
-    out = proc.stdout + proc.stderr
+    out = caplog.text
     assert "host preflight" in out and "no_shm_here: none free of none" in out and "RLIMIT_NOFILE" in out
 
 
@@ -152,6 +160,7 @@ def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
     assert isinstance(e.value.__cause__, (RuntimeError, OSError, EOFError))  # the original stays attached
 
 
+@pytest.mark.slow
 def test_flat_batch_survives_256_fds_where_list_of_dicts_does_not():
     cmd = ["prlimit", "--nofile=256:", sys.executable, str(REPO / "scripts" / "bench_transport.py"), "--json",
            "--batches", "64", "--size", "96", "--workers", "4", "--prefetch", "4", "--steps", "50",

@@ -289,6 +289,7 @@ def _in_read_only_mount(folder: Path, code: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @needs_unshare
 def test_a_valid_cache_on_a_read_only_mount_is_used(coco_tiny, tmp_path):
     from cocodet.data.index_cache import cached_index
@@ -306,6 +307,7 @@ def test_a_valid_cache_on_a_read_only_mount_is_used(coco_tiny, tmp_path):
     assert "read the cached index" in proc.stderr
 
 
+@pytest.mark.slow
 @needs_unshare
 def test_an_empty_read_only_cache_folder(coco_tiny, tmp_path):
     (tmp_path / "cache").mkdir()
@@ -322,3 +324,20 @@ def test_an_empty_read_only_cache_folder(coco_tiny, tmp_path):
     assert "PLAN_RC=0" in out and "without a cache" in out and "dataset.cache_dir=" in out, out[-3000:]
     assert "CACHE_RC=2" in out and "cannot be written and holds no valid" in out, out[-3000:]
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_every_checkpoint_the_app_writes_loads_with_weights_only(tmp_path, synthetic_root):
+    """last.ckpt, best-*.ckpt, and resume.ckpt (written every checkpoint.every_n_steps, and on
+    SIGTERM by the same callback): plain types only, so the safe default reads them all."""
+    import torch
+
+    s = run_in_process([*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
+                        "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.max_epochs=2",
+                        "checkpoint.every_n_steps=1", "logger=none"], tmp_path / "run")
+    files = sorted((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
+    names = [f.name for f in files]
+    assert "last.ckpt" in names and "resume.ckpt" in names and any(n.startswith("best-") for n in names), names
+    for f in files:
+        checkpoint = torch.load(f, map_location="cpu", weights_only=True)
+        assert checkpoint["state_dict"] and checkpoint["global_step"] >= 1, f.name
+    assert s["steps"] == 4

@@ -26,7 +26,7 @@ def evaluate_checkpoint(trainer: L.Trainer, module, datamodule, ckpt_path: str, 
     ev = module.last_coco_eval
     stats = module.last_metrics
     names = dict(zip(datamodule.val_index.category_ids.tolist(), datamodule.val_index.category_names))
-    summary = {"mode": "eval", "checkpoint": str(ckpt_path), "split": split,
+    summary = {"mode": "eval", "checkpoint": str(ckpt_path), "split": split, "eval_backend": module.eval_backend,
                **{k: round(float(stats.get(k, 0.0)), 4) for k in ALL_STAT_NAMES}}
     if not trainer.is_global_zero:  # COCOeval ran on rank 0, which writes the tables
         return summary

@@ -10,7 +10,9 @@ import lightning as L
 import numpy as np
 import torch
 
-from cocodet.models.evaluation import STAT_NAMES, detections_to_coco, evaluate, load_ground_truth, to_original_frame
+from cocodet import schema
+from cocodet.models.evaluation import (DEFAULT_BACKEND, STAT_NAMES, detections_to_coco, evaluate, load_ground_truth,
+                                      to_original_frame)
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +32,19 @@ class DetectorModule(L.LightningModule):
         category_ids: original COCO category id of each contiguous label 1..K.
         eval_max_images: evaluate only the first N validation images (quick checks; the rest of
             the val batches are skipped without a forward pass). None: all.
+        eval_backend: the COCOeval implementation, "faster" or "pycocotools" (equal to 1e-4).
     """
 
     def __init__(self, detector: partial, image_size: int, optimizer: partial, val_ann_file: str,
                  category_ids: list[int], scheduler: partial | None = None, scheduler_interval: str = "step",
-                 eval_max_images: int | None = None):
+                 eval_max_images: int | None = None, eval_backend: str = DEFAULT_BACKEND):
         super().__init__()
         self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.scheduler_interval = scheduler_interval
         self.val_ann_file = val_ann_file
         self.eval_max_images = eval_max_images
+        self.eval_backend = schema.check("model.eval_backend", eval_backend)
         self.category_ids = np.asarray(category_ids, dtype=np.int64)
         self._gt = None
         self._by_image: dict[int, list[dict]] = {}  # this rank's detections of each val image
@@ -95,15 +99,16 @@ class DetectorModule(L.LightningModule):
         if self.trainer.is_global_zero:
             by_image, repeats = merge_rank_detections(shares)
             if self._gt is None:
-                self._gt = load_ground_truth(self.val_ann_file)
+                self._gt = load_ground_truth(self.val_ann_file, self.eval_backend)
             results = [r for detections in by_image.values() for r in detections]
-            stats = evaluate(self._gt, results, list(by_image))
+            stats = evaluate(self._gt, results, list(by_image), backend=self.eval_backend)
             self.last_coco_eval = stats.pop("coco_eval")
             report = stats.pop("report", "")
             outcome = (stats, len(by_image), repeats)
             if not self.trainer.sanity_checking:
-                log.info("COCOeval (epoch %d, %d images%s, %d detections):\n%s", self.current_epoch, len(by_image),
-                         f", {repeats} padded repeats removed" if repeats else "", len(results), report)
+                log.info("COCOeval (%s backend; epoch %d, %d images%s, %d detections):\n%s", self.eval_backend,
+                         self.current_epoch, len(by_image), f", {repeats} padded repeats removed" if repeats else "",
+                         len(results), report)
         if world > 1:
             box = [outcome]
             torch.distributed.broadcast_object_list(box, src=0)

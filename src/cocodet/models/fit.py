@@ -69,6 +69,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "stream_digest": datamodule.stream_digest,
         "stream_position": datamodule.position.state_dict() if datamodule.position else None,
         "precision": str(trainer.precision),
+        "eval_backend": getattr(module, "eval_backend", None),
         "plan": plan.summary(),
         "on_failure": datamodule.replanner.on_failure,
         "replans": datamodule.replanner.records,

@@ -40,7 +40,7 @@ class PreemptionCheckpoint(L.Callback):
 
     def _save(self, trainer: L.Trainer) -> None:
         path = self.dirpath / self.FILENAME
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state: optimizer, loops, stream position
         self.saved_path = str(path)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

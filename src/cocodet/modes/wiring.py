@@ -102,6 +102,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path):
     args["precision"] = resolve_precision(args.get("precision", "32-true"))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     loggers = [instantiate(lg) for lg in (cfg.get("logger") or {}).values()] or False
+    if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
+        from lightning.pytorch.callbacks import LearningRateMonitor
+
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     return L.Trainer(**args, default_root_dir=str(run_dir), callbacks=callbacks, logger=loggers)
 
 
