@@ -12,6 +12,8 @@
 #   COCODET_BUILD_OPTS   extra build options (e.g. -v mounts of a wheel folder)
 #   COCODET_HOST_PIP=0   do not hand the host's pip configuration to the build
 #   COCODET_COCO_TINY    the coco_tiny folder (default ../shared/data/coco_tiny)
+#   COCODET_SCALE_ROOT   a COCO-2017-sized set from scripts/make_scale_coco.py for the cache check
+#                        (118,287 train images: the index build shows); default coco_tiny
 #   ENGINE_OPTS          global engine options (podman default: --runtime runc --cgroup-manager=cgroupfs)
 #   RUN_OPTS             options for every run/build (podman default: --network=host and ulimits)
 #   STEPS                the checks to run (default "6 1 2 3 4 5"; without 6, an ordinary cached build)
@@ -155,9 +157,16 @@ if step 3; then
 say "3. the cache volume: two starts with the same COCODET_CACHE_DIR mount"
 mkdir -p "$WORK/cache3"
 chown 1000:1000 "$WORK/cache3"  # the image's own user (uid 1000) owns the cache volume
+if [ -n "${COCODET_SCALE_ROOT:-}" ]; then  # its image folders are coco_tiny's, mounted where the JSON expects them
+    scale=$(realpath "$COCODET_SCALE_ROOT")
+    SETS=(-v "$scale/annotations:/data/set/annotations:ro" -v "$COCO_TINY/train2017:/data/set/train2017:ro"
+          -v "$COCO_TINY/val2017:/data/set/val2017:ro")
+else
+    SETS=(-v "$COCO_TINY:/data/set:ro")
+fi
 for start in first second; do
     t0=$(date +%s.%N)
-    drun -v "$WORK/cache3:/cache" "${DATA[@]}" "$IMAGE" mode=plan dataset=coco dataset.root=/data/coco_tiny \
+    drun -v "$WORK/cache3:/cache" "${SETS[@]}" "$IMAGE" mode=plan dataset=coco dataset.root=/data/set \
         > "$WORK/$start.out" 2> "$WORK/$start.err" || { tail "$WORK/$start.err"; fail "plan with a cache mount"; }
     echo "$start start: $(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" "$t0") s" \
          "($(grep -ohE '(built the|read the cached) index of [^ ]*' "$WORK/$start.out" "$WORK/$start.err" | head -1 || true))"

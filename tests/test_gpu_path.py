@@ -4,7 +4,10 @@ and the prepared GPU check script's answer on a host without CUDA."""
 from __future__ import annotations
 
 import os
+import sys
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,13 +82,44 @@ def test_pinned_batches_copy_non_blocking_and_are_timed_on_cuda():
     assert moved.images.is_cuda and timer.summary()["h2d_mean_ms"] > 0
 
 
+def _other_python() -> tuple[str, str]:
+    """(interpreter, version) standing in for a CUDA host's image: Python 3.12 where this
+    machine has one, else the local Python."""
+    for exe in ("python3.12",):
+        path = shutil.which(exe)
+        if path and subprocess.run([path, "-c", "import venv"], capture_output=True).returncode == 0:
+            return path, "3.12"
+    return sys.executable, f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
 @pytest.mark.slow
-def test_gpu_check_script_without_cuda_says_so_and_exits_0():
+def test_gpu_check_dry_run_on_an_image_that_is_not_ours(tmp_path):
+    """scripts/gpu_wheels.sh fills a wheel folder (cached between runs, so CI does not download
+    each time); scripts/gpu_check.sh installs it into another interpreter that has only what
+    such an image has besides torch (NumPy, PyYAML), composes every mode, and exits 0 with its
+    no-CUDA message."""
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA: run scripts/gpu_check.sh for real")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    python, version = _other_python()
+    cache = Path(os.environ.get("COCODET_WHEEL_CACHE", Path.home() / ".cache" / "cocodet")) / f"gpu-py{version}"
+    wheels, venv = cache / "wheels", cache / "venv"
+    if not list(wheels.glob("hydra_core-*.whl")):
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_wheels.sh"), str(wheels)], capture_output=True,
+                              text=True, timeout=600, cwd=REPO, env={**os.environ, "PYTHON_VERSION": version})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sum(f.stat().st_size for f in wheels.glob("*.whl")) < 50 << 20  # the folder stays under 50 MiB
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=300)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "numpy", "PyYAML", "packaging",
+                        "typing-extensions"], check=True, timeout=600)
+    env = {**os.environ, "PYTHON": str(venv / "bin" / "python"), "GPU_WHEELS": str(wheels),
+           "GPU_CHECK_DIR": str(tmp_path / "check"), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("PYTHONPATH", None)
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    assert "no CUDA device" in proc.stdout
-
+                          timeout=600, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"python {version}" in proc.stdout and "hydra-core 1.3.8" in proc.stdout
+    rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines() if line[:1].isalpha() and
+            len(line.split()) > 1}
+    assert rows.get("wheels") == "ok" and rows.get("compose") == "ok", proc.stdout[-2000:]
+    assert "no CUDA device visible" in proc.stdout

@@ -146,7 +146,7 @@ def test_map_count_warning_when_in_flight_maps_near_max_map_count():
 
 
 def test_invalid_arguments_fail_loudly():
-    with pytest.raises(ValueError, match="auto, explicit or inherited"):
+    with pytest.raises(ValueError, match="auto, explicit or inherited"):  # the schema's ConfigError is a ValueError
         plan("sometimes")
     with pytest.raises(ValueError, match="worker count"):
         plan("explicit", None)

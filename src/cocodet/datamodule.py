@@ -104,6 +104,7 @@ class CocoDataModule(L.LightningDataModule):
         self.transfer_timer = TransferTimer()  # train batches' host-to-device copies
         self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
         self._pin_checked = False
+        self.first_batch_pinned: bool | None = None  # None: no batch went to CUDA
         self.stream = StreamLedger(batch_size, seed)  # position, digest, consumption (DESIGN §5)
 
     def _verify(self, on_bad_sample: str, max_image_pixels: int) -> None:
@@ -196,7 +197,8 @@ class CocoDataModule(L.LightningDataModule):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         if device.type == "cuda" and not self._pin_checked:
             self._pin_checked = True
-            if self.plan.pin_memory and not batch.images.is_pinned():
+            self.first_batch_pinned = bool(batch.images.is_pinned())  # summary.json; scripts/gpu_check.sh asserts it
+            if self.plan.pin_memory and not self.first_batch_pinned:
                 log.warning("loader.pin_memory is on but batches arrive unpinned: copies to %s cannot overlap "
                             "compute. Check that nothing between the DataLoader and the Trainer copies them", device)
         if self.trainer is not None and not self.trainer.training:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from cocodet import schema
 from cocodet.errors import UserError
 from cocodet.data.augment import PAD_VALUE
 
@@ -34,11 +35,9 @@ def export(module, datamodule, *, fmt: str, model_name: str, run_dir: Path, opse
     if fmt == "torchscript":
         path = out / "model.torchscript.pt"
         torch.jit.script(model).save(str(path))
-    elif fmt == "onnx":
+    elif schema.check("export.format", fmt) == "onnx":
         path = out / "model.onnx"
         _export_onnx(model, size, path, opset)
-    else:
-        raise ExportError(f"export.format={fmt!r}: choose torchscript or onnx")
     meta = {
         "format": fmt, "model": model_name, "file": path.name,
         "input": {"dtype": "float32", "range": [0.0, 1.0], "channels": "RGB", "layout": "CHW",

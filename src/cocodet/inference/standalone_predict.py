@@ -60,11 +60,19 @@ def preprocess(path: str, size: int, pad_value: int) -> tuple[np.ndarray, tuple[
     return canvas.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0), orig, r / reduction
 
 
-def load_runner(model_path: str):
+def load_runner(model_path: str, device: str = "cpu"):
+    """A function image -> (boxes, labels, scores) on ``device`` ("cpu" or "cuda"). For ONNX,
+    "cuda" asks onnxruntime for its CUDAExecutionProvider and refuses to fall back silently."""
     if model_path.endswith(".onnx"):
         import onnxruntime as ort
 
-        session = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+        session = ort.InferenceSession(model_path, providers=providers)
+        if device == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
+            raise RuntimeError(f"--device cuda: onnxruntime {ort.__version__} runs this model on "
+                               f"{session.get_providers()} (available: {ort.get_available_providers()}); "
+                               "install onnxruntime-gpu built for this host's CUDA")
+        sys.stderr.write(f"onnxruntime provider: {session.get_providers()[0]}\n")
         name = session.get_inputs()[0].name
 
         outputs = [o.name for o in session.get_outputs()]
@@ -76,13 +84,14 @@ def load_runner(model_path: str):
     import torch
     import torchvision  # noqa: F401  (registers the ops the scripted detector calls: nms, roi_align)
 
-    model = torch.jit.load(model_path, map_location="cpu").eval()
+    model = torch.jit.load(model_path, map_location=device).eval()
+    sys.stderr.write(f"torchscript device: {device}\n")
 
     def run(x):
         with torch.no_grad():
-            out = model([torch.from_numpy(x)])
+            out = model([torch.from_numpy(x).to(device)])
         out = out[1] if isinstance(out, tuple) else out  # scripted detectors return (losses, detections)
-        return out[0]["boxes"].numpy(), out[0]["labels"].numpy(), out[0]["scores"].numpy()
+        return tuple(out[0][k].cpu().numpy() for k in ("boxes", "labels", "scores"))
     return run
 
 
@@ -93,11 +102,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--meta", help="model.json (default: beside the model)")
     p.add_argument("--score", type=float, default=0.0)
     p.add_argument("--out", help="write the JSON here instead of printing it")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
     args = p.parse_args(argv)
     meta = json.loads(Path(args.meta or Path(args.model).with_name("model.json")).read_text())
     size, pad = meta["input"]["size"], meta["input"]["pad_value"]
     categories = {c["label"]: c for c in meta["categories"]}
-    run = load_runner(args.model)
+    run = load_runner(args.model, args.device)
     results = []
     for path in args.images:
         x, (h, w), scale = preprocess(path, size, pad)

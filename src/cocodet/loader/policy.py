@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
+from cocodet import schema
 from cocodet.errors import ConfigError
 from cocodet.loader.resources import HostResources
 from cocodet.units import MiB, mib
@@ -99,6 +100,7 @@ def worker_request(policy: str, num_workers: int | None, inherit_from: list[str]
     (a preset or experiment file, or a scheduler variable for ``loader=inherited``) is
     inherited. ``auto`` without a count computes its own (count None).
     """
+    schema.check("loader.policy", policy)
     named_here = any(o.lstrip("+~").split("=", 1)[0] == "loader.num_workers" for o in overrides)
     if policy == "explicit":
         if num_workers is None:
@@ -108,19 +110,17 @@ def worker_request(policy: str, num_workers: int | None, inherit_from: list[str]
         if num_workers is None:
             return "auto", None
         return ("explicit" if named_here else "inherited"), int(num_workers)
-    if policy == "inherited":
-        if named_here:
-            return "explicit", int(num_workers)
-        for var in inherit_from:
-            value = environ.get(var, "")
-            if value.strip().isdigit():
-                log.info("inherited worker count %s from $%s", value, var)
-                return "inherited", int(value)
-        if num_workers is not None:
-            return "inherited", int(num_workers)
-        raise ConfigError(f"loader=inherited found no count: none of ${', $'.join(inherit_from)} is set and "
-                          "loader.num_workers is null. Set one of them, or use loader=auto")
-    raise ConfigError(f"loader.policy={policy!r} is not allowed: expected auto, explicit or inherited")
+    if named_here:  # inherited, but this run names its own count
+        return "explicit", int(num_workers)
+    for var in inherit_from:  # inherited: a scheduler's variable, else a preset's count
+        value = environ.get(var, "")
+        if value.strip().isdigit():
+            log.info("inherited worker count %s from $%s", value, var)
+            return "inherited", int(value)
+    if num_workers is not None:
+        return "inherited", int(num_workers)
+    raise ConfigError(f"loader=inherited found no count: none of ${', $'.join(inherit_from)} is set and "
+                      "loader.num_workers is null. Set one of them, or use loader=auto")
 
 
 def _shm_budget(res: HostResources) -> int | None:
@@ -204,12 +204,10 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
 
 
 def _check_request(policy: str, requested: int | None, prefetch_factor: int) -> None:
-    if policy not in ("auto", "explicit", "inherited"):
-        raise ValueError(f"unknown loader policy {policy!r}; choose auto, explicit or inherited")
+    schema.check("loader.policy", policy)
+    schema.check("loader.prefetch_factor", prefetch_factor)
     if policy != "auto" and (requested is None or requested < 0):
         raise ValueError(f"loader policy {policy!r} needs a worker count >= 0, got {requested!r}")
-    if prefetch_factor < 1:
-        raise ValueError(f"loader.prefetch_factor must be >= 1, got {prefetch_factor}")
 
 
 def _cap_cpu(d: _Draft, res: HostResources) -> None:

@@ -36,6 +36,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
                         weights_only=weights_only if ckpt_path else None)
         except SIGTERMException:
             status = "preempted"
+            close_progress_bars(trainer)
     # Collective (every rank gathers), so before anything only rank 0 does.
     ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
     if ddp is not None:
@@ -70,11 +71,23 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "stream_position": datamodule.position.state_dict() if datamodule.position else None,
         "precision": str(trainer.precision),
         "eval_backend": getattr(module, "eval_backend", None),
+        "first_batch_pinned": getattr(datamodule, "first_batch_pinned", None),
         "plan": plan.summary(),
         "on_failure": datamodule.replanner.on_failure,
         "replans": datamodule.replanner.records,
         "ddp": ddp,
     }
+
+
+def close_progress_bars(trainer: L.Trainer) -> None:
+    """Close the bars a SIGTERM left open: tqdm would otherwise redraw them at interpreter exit,
+    after the summary, which must stay the last line on stdout (DESIGN §2)."""
+    from tqdm import tqdm
+
+    callback = trainer.progress_bar_callback
+    for bar in list(vars(callback).values()) if callback is not None else []:
+        if isinstance(bar, tqdm):
+            bar.close()
 
 
 def finish_ranks(trainer: L.Trainer) -> None:
