@@ -15,7 +15,8 @@
 # On a host without CUDA it still installs the wheels and composes every mode, then exits 0
 # with its no-CUDA message.
 # GPU_CHECK_REHEARSE=cpu runs the same parts on the CPU (no pinning, fp32, gloo, CPU providers):
-# the script's own plumbing proven on a machine without a GPU.
+# the script's own plumbing proven on a machine without a GPU (GPU_CHECK_TIME_SCALE=4 stretches
+# the per-part timeouts, which are sized for a GPU).
 # shellcheck disable=SC2329  # the check_* functions run in child shells (export -f)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -29,7 +30,7 @@ rows=()
 failed=0
 
 part() {  # part NAME SECONDS COMMAND...: run one part under its timeout, log to $out/NAME.log, record a row
-    local name=$1 limit=$2 t0 rc note
+    local name=$1 limit=$(( $2 * ${GPU_CHECK_TIME_SCALE:-1} )) t0 rc note
     shift 2
     t0=$(date +%s)
     timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1

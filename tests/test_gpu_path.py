@@ -85,9 +85,10 @@ def test_pinned_batches_copy_non_blocking_and_are_timed_on_cuda():
 def _other_python() -> tuple[str, str]:
     """(interpreter, version) standing in for a CUDA host's image: Python 3.12 where this
     machine has one, else the local Python."""
-    for exe in ("python3.12",):
-        path = shutil.which(exe)
-        if path and subprocess.run([path, "-c", "import venv"], capture_output=True).returncode == 0:
+    candidates = [shutil.which("python3.12"), "/usr/bin/python3.12",
+                  *sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))]
+    for path in filter(None, candidates):
+        if Path(path).exists() and subprocess.run([path, "-c", "import venv"], capture_output=True).returncode == 0:
             return path, "3.12"
     return sys.executable, f"{sys.version_info.major}.{sys.version_info.minor}"
 

@@ -106,9 +106,9 @@ class DetectorModule(L.LightningModule):
             report = stats.pop("report", "")
             outcome = (stats, len(by_image), repeats)
             if not self.trainer.sanity_checking:
-                log.info("COCOeval (%s backend; epoch %d, %d images%s, %d detections):\n%s", self.eval_backend,
-                         self.current_epoch, len(by_image), f", {repeats} padded repeats removed" if repeats else "",
-                         len(results), report)
+                log.info("COCOeval (epoch %d, %d images%s, %d detections; %s backend):\n%s", self.current_epoch,
+                         len(by_image), f", {repeats} padded repeats removed" if repeats else "", len(results),
+                         self.eval_backend, report)
         if world > 1:
             box = [outcome]
             torch.distributed.broadcast_object_list(box, src=0)
