@@ -68,6 +68,25 @@ def test_auto_training_in_64mb_shm_validates_without_running_out(coco_tiny, tmp_
     assert s["replans"] == [] and s["on_failure"] == "replan"
 
 
+@needs_root
+@pytest.mark.slow
+def test_replan_in_64mb_shm_leaves_room_for_validation(coco_tiny, tmp_path):
+    """Explicit 2 workers at prefetch 4 overcommit a 64 MB /dev/shm: one re-plan, against the
+    budget train and val share, and validation then runs on its own worker without a second.
+    Planned for the train loader alone, validation found 7.5 MiB free and died of shm too."""
+    args = [*coco640(coco_tiny, batch=16), "loader=explicit", "loader.num_workers=2", "loader.prefetch_factor=4",
+            "loader.on_failure=replan", "+model.detector.min_size=128", "+model.detector.max_size=128",
+            "trainer.max_epochs=2", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
+            "trainer.enable_progress_bar=false", "callbacks.prediction_grid.images=2"]
+    _, s = run_train(args, tmp_path / "run", prefix=shm_namespace(), timeout=900)
+    assert s["status"] == "completed" and s["steps"] == 6
+    assert len(s["replans"]) == 1, s["replans"]
+    (replan,) = s["replans"]
+    assert replan["cause"] == "shm" and replan["new_val_workers"] >= 1
+    split = replan["shm_split"]
+    assert split["train"] > 0 and split["val"] > 0 and split["train"] + split["val"] <= split["budget"]
+
+
 @pytest.mark.slow
 @needs_root
 def test_explicit_overcommit_warns_then_fails_with_shm_diagnosis(coco_tiny, tmp_path):
@@ -77,7 +96,7 @@ def test_explicit_overcommit_warns_then_fails_with_shm_diagnosis(coco_tiny, tmp_
     out = proc.stdout + proc.stderr
     warn_at = out.find("expect 'Bus error'")
     assert warn_at >= 0, out[-3000:]
-    assert "8 x 4 x" in out  # the warning gives the numbers
+    assert "8 workers x prefetch 4" in out and "MiB of shm" in out  # the warning gives the numbers
     if proc.returncode != 0:  # it may survive by luck of timing; if it fails, it must say why
         assert "LoaderFailure" in out and "/dev/shm ran out" in out and "64.0 MiB in all" in out, out[-4000:]
         assert "--shm-size" in out and "loader.num_workers=0" in out

@@ -34,28 +34,35 @@ def test_auto_is_min_cpus_and_batch():
 
 
 def test_auto_shm_cap_applies_with_reason():
-    p = plan(batch_size=64, res=host(shm_free_bytes=200 * MiB))  # budget 100 MiB / (2 x 10 MiB) = 5
-    assert p.num_workers == 5
-    assert cap(p, "shm")["applied"] and "shm" in cap(p, "shm")["reason"]
-    assert p.inflight_bytes <= p.shm_budget_bytes
+    # Budget 100 MiB: one val worker at prefetch 1 reserved (2 x 10 MiB, with the batch the main
+    # process holds), so train gets 80 MiB: (3 x 2 + 1) x 10 MiB. Validation takes the 30 MiB left.
+    p = plan(batch_size=64, res=host(shm_free_bytes=200 * MiB))
+    assert p.num_workers == 3 and (p.val.num_workers, p.val.prefetch_factor) == (1, 2)
+    assert cap(p, "shm")["applied"] and "held by the main process" in cap(p, "shm")["reason"]
+    assert p.shm_split == {"budget": 100 * MiB, "train": 70 * MiB, "val": 30 * MiB}
+    assert "shm split" in p.table() and "val loader" in p.table()
 
 
 def test_shm_budget_divided_among_local_ranks():
-    p = plan(batch_size=64, res=host(shm_free_bytes=400 * MiB, local_world_size=4, usable_cpus=2))
-    assert p.shm_budget_bytes == 50 * MiB and p.num_workers == 2  # CPU bound first
-    p = plan(batch_size=64, res=host(shm_free_bytes=160 * MiB, local_world_size=4))
-    assert p.num_workers == 1  # budget 20 MiB holds exactly one worker x 2 x 10 MiB
+    p = plan(batch_size=64, res=host(shm_free_bytes=800 * MiB, local_world_size=4, usable_cpus=2))
+    assert p.shm_budget_bytes == 100 * MiB and p.num_workers == 2  # CPU bound first
+    p = plan(batch_size=64, res=host(shm_free_bytes=360 * MiB, local_world_size=4))
+    assert p.num_workers == 1  # 45 MiB - 20 for val leaves (1 x 2 + 1) x 10 MiB
 
 
 def test_shm_lowers_prefetch_before_dropping_workers():
-    p = plan(batch_size=64, batch_bytes=30 * MiB, res=host(shm_free_bytes=64 * MiB))  # budget 32 MiB
-    assert (p.num_workers, p.prefetch_factor) == (1, 1)
-    assert p.inflight_bytes <= p.shm_budget_bytes
+    # Budget 30 MiB - 7.5 MiB for val (a quarter): 22.5 MiB holds one 10 MiB batch in flight and
+    # one in the main process, not two in flight.
+    p = plan(batch_size=64, batch_bytes=10 * MiB, res=host(shm_free_bytes=60 * MiB))
+    assert (p.num_workers, p.prefetch_factor, p.part_images) == (1, 1, None)
+    assert "prefetch lowered to 1" in cap(p, "shm")["reason"]
+    assert p.inflight_bytes + p.batch_bytes + p.shm_split["val"] <= p.shm_budget_bytes
 
 
 def test_batch_larger_than_shm_budget_ships_parts():
     # Docker's default 64 MB /dev/shm, batch 64 at 640 px: one uint8 batch is ~79 MB, the
-    # budget ~30 MiB: workers ship parts (a multiple of the partner pool), one each in flight.
+    # budget ~30 MiB, a quarter of it kept for validation: train workers ship parts (a multiple
+    # of the partner pool), one each in flight and one being joined; validation ships parts too.
     p = plan(batch_size=64, batch_bytes=79 * MiB, res=host(shm_free_bytes=64 * 1000 * 1000), partner_pool=8)
     assert p.num_workers >= 1 and p.prefetch_factor == 1 and p.persistent_workers
     assert p.part_images == 8 and p.part_images % 8 == 0
@@ -63,6 +70,7 @@ def test_batch_larger_than_shm_budget_ships_parts():
     assert p.inflight_bytes == p.num_workers * p.part_images * 79 * MiB // 64
     assert "parts of 8 images" in cap(p, "shm")["reason"] and "--shm-size" in cap(p, "shm")["reason"]
     assert "parts of 8 images" in p.table()
+    assert p.val.num_workers == 1 and p.val.part_images and p.shm_split["train"] + p.shm_split["val"] <= 32_000_000
     without_pool = plan(batch_size=64, batch_bytes=79 * MiB, res=host(shm_free_bytes=64 * 1000 * 1000))
     assert without_pool.part_images * without_pool.num_workers * 79 * MiB // 64 <= without_pool.shm_budget_bytes
 
@@ -76,9 +84,10 @@ def test_not_even_one_image_fits_loads_in_main_process():
 
 
 def test_requested_parts_count_against_the_budget():
-    p = plan("explicit", 2, batch_size=64, batch_bytes=64 * MiB, res=host(shm_free_bytes=64 * MiB), part_images=8)
-    assert p.part_images == 8 and p.inflight_bytes == 2 * 2 * 8 * MiB and not p.warnings
-    p = plan("explicit", 2, batch_size=64, batch_bytes=64 * MiB, res=host(shm_free_bytes=64 * MiB))
+    # Both loaders: 2 x (2 x 2 + 1) x 8 MiB = 80 MiB within the 100 MiB budget.
+    p = plan("explicit", 2, batch_size=64, batch_bytes=64 * MiB, res=host(shm_free_bytes=200 * MiB), part_images=8)
+    assert p.part_images == 8 and p.val.part_images == 8 and p.inflight_bytes == 2 * 2 * 8 * MiB and not p.warnings
+    p = plan("explicit", 2, batch_size=64, batch_bytes=64 * MiB, res=host(shm_free_bytes=200 * MiB))
     assert any("loader.part_images=" in w for w in p.warnings)
 
 
@@ -110,7 +119,7 @@ def test_memory_cap():
 def test_inherited_is_a_ceiling_under_cpu_and_shm():
     p = plan("inherited", 64, batch_size=64, res=host(usable_cpus=2, affinity_cpus=2))
     assert p.num_workers == 2 and p.source == "inherited" and cap(p, "cpu")["applied"]
-    p = plan("inherited", 64, batch_size=64, res=host(usable_cpus=64, shm_free_bytes=120 * MiB))
+    p = plan("inherited", 64, batch_size=64, res=host(usable_cpus=64, shm_free_bytes=200 * MiB))
     assert p.num_workers == 3 and cap(p, "shm")["applied"]
     assert plan("inherited", 3).num_workers == 3  # below every cap: honoured
 
@@ -120,7 +129,7 @@ def test_explicit_is_honoured_with_warnings():
     assert p.num_workers == 12 and p.prefetch_factor == 4 and not p.caps
     text = " ".join(p.warnings)
     assert "12 workers on 2 usable CPUs" in text
-    assert "480.0 MiB" in text and "32.0 MiB" in text  # in-flight vs budget, with numbers
+    assert "490.0 + 490.0 = 980.0 MiB" in text and "32.0 MiB" in text  # both loaders vs the budget
 
 
 def test_explicit_zero_sets_nothing_torch_rejects():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cocodet.config import validate
+from cocodet.errors import DiskFull
 from cocodet.loader.resources import raise_nofile_limit
 from cocodet.modes import MODE_TABLE
 from cocodet.modes.wiring import build_plan
@@ -26,7 +28,12 @@ def run(cfg: DictConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     raise_nofile_limit()
     plan, resources = build_plan(cfg)
-    summary = mode_function(str(cfg.mode))(cfg, plan, resources, run_dir)
+    try:
+        summary = mode_function(str(cfg.mode))(cfg, plan, resources, run_dir)
+    except DiskFull as e:  # the summary as far as the run got, then the one error line (cli)
+        if e.summary is not None and _global_rank() == 0:
+            write_summary(run_dir, e.summary)
+        raise
     if _global_rank() == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
         write_summary(run_dir, summary)
     return summary
@@ -56,9 +63,13 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 
 def write_summary(run_dir: Path, summary: dict) -> None:
     """summary.json in the run dir, and the same object as the last line on stdout (DESIGN §2)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(summary, default=str)
-    (run_dir / "summary.json").write_text(text + "\n")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(text + "\n")
+    except OSError as e:  # a full or read-only disk: stdout still gets it
+        logging.getLogger(__name__).warning("summary.json not written in %s (%s); it follows on stdout", run_dir,
+                                            e.strerror or e)
     sys.stdout.flush()
     sys.stdout.write(text + "\n")
     sys.stdout.flush()

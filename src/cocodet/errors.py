@@ -11,3 +11,12 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A config value outside what its key allows."""
+
+
+class DiskFull(UserError):
+    """A write ran out of space; what was there before is intact. ``summary``: the run's summary
+    as far as it got, printed on stdout before the one error line."""
+
+    def __init__(self, message: str, summary: dict | None = None):
+        super().__init__(message)
+        self.summary = summary

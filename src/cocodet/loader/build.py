@@ -26,12 +26,13 @@ def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sa
     ``replanner``, its plan (not ``plan``) is used, and workers that die of a resource are
     replaced by a smaller plan that continues from the batch that failed (``stage`` names the
     loader in the record)."""
-    plan = replanner.plan if replanner is not None else plan
+    plan = replanner.plan if replanner is not None else plan  # the run's plan; the loader takes its stage's
     batch_sampler = EpochBatchSampler(sampler, batch_size, batch_size, across_epochs)
     if start is not None:
         batch_sampler.start_at(*start)
     kwargs = dict(batch_sampler=batch_sampler, collate_fn=flatten, worker_init_fn=worker_init_fn, plan=plan,
-                  replanner=replanner, stage=stage, across_epochs=across_epochs, **plan.dataloader_kwargs())
+                  replanner=replanner, stage=stage, across_epochs=across_epochs,
+                  **plan.for_stage(stage).dataloader_kwargs())
     if position is not None:
         return ResumableLoader(dataset, position=position, **kwargs)
     return EpochLoader(dataset, **kwargs)
@@ -120,7 +121,7 @@ class EpochLoader(torch.utils.data.DataLoader):
         return [w.pid for w in _workers(self._stream.iterator)]
 
     def __iter__(self):
-        if self.replanner is not None and self.replanner.plan is not self.plan:
+        if self.replanner is not None and self.replanner.plan is not self._run_plan:
             self._shut_down()  # another loader of this run re-planned: take its plan
             self._adopt(self.replanner.plan)
         wanted, stream = self.batch_sampler.sampler.epoch, self._stream
@@ -131,8 +132,10 @@ class EpochLoader(torch.utils.data.DataLoader):
         stream.next_epoch = None  # until this epoch is taken to its end
         return self._one_epoch(wanted, first)
 
-    def _adopt(self, plan: LoaderPlan) -> None:
-        """Take ``plan``'s worker settings (the stream must be shut down)."""
+    def _adopt(self, run_plan: LoaderPlan) -> None:
+        """Take the worker settings ``run_plan`` gives this loader's stage (the stream must be shut down)."""
+        self._run_plan = run_plan
+        plan = run_plan.for_stage(self.stage)
         self.plan, self.num_workers = plan, plan.num_workers
         self.prefetch_factor = plan.prefetch_factor if plan.num_workers > 0 else None
         # Torch applies its timeout only with workers; in-process loading gets the watchdog.

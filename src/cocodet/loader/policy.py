@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from cocodet import schema
 from cocodet.errors import ConfigError
@@ -55,6 +56,15 @@ class LoaderPlan:
     host_cpus: int | None = None  # this host's CPUs for the run (affinity, quota), before dividing among ranks
     caps: list[dict] = field(default_factory=list)  # every cap evaluated: name, limit, applied, reason
     warnings: list[str] = field(default_factory=list)
+    # The validation loader's plan, made against the same shm budget (None: the same as this plan).
+    val: "LoaderPlan | None" = None
+    # Bytes of the shm budget each loader may use: its in-flight transfers plus the one its batch
+    # or part in the main process holds (the step's batch, a part being joined).
+    shm_split: dict | None = None
+
+    def for_stage(self, stage: str) -> "LoaderPlan":
+        """The plan of the loader named ``stage`` ("val": the validation loader's)."""
+        return self.val if stage == "val" and self.val is not None else self
 
     def dataloader_kwargs(self) -> dict:
         """Arguments for torch's DataLoader; none that PyTorch rejects at num_workers=0."""
@@ -86,6 +96,15 @@ class LoaderPlan:
         for cap in self.caps:
             mark = "APPLIED" if cap["applied"] else "ok"
             rows.append((f"cap {cap['name']}", f"<= {cap['limit']} [{mark}] {cap['reason']}"))
+        if self.shm_split:
+            rows.append(("shm split", shm_split_text(self.shm_split)))
+        if self.val is not None:
+            v = self.val
+            shipped = f"parts of {v.part_images} images" if v.part_images else "whole batches"
+            rows.append(("val loader", f"{v.num_workers} worker(s), prefetch {v.prefetch_factor}, {shipped} "
+                                       f"({mib(v.batch_bytes)} per batch), {mib(v.inflight_bytes)} in flight"))
+            rows += [(f"val cap {c['name']}", f"<= {c['limit']} [{'APPLIED' if c['applied'] else 'ok'}] {c['reason']}")
+                     for c in v.caps if c["name"] == "shm"]
         for w in self.warnings:
             rows.append(("WARNING", w))
         width = max(len(k) for k, _ in rows)
@@ -123,6 +142,13 @@ def worker_request(policy: str, num_workers: int | None, inherit_from: list[str]
                       "loader.num_workers is null. Set one of them, or use loader=auto")
 
 
+def shm_split_text(split: dict) -> str:
+    def part(name: str) -> str:
+        return f"{name} {mib(split[name])}"
+    return (f"{mib(split['budget'])} budget = {part('train')} + {part('val')} (each: in flight + 1 held by the main "
+            f"process) + {mib(split['budget'] - split['train'] - split['val'])} spare")
+
+
 def _shm_budget(res: HostResources) -> int | None:
     if res.shm_free_bytes is None:
         return None
@@ -148,19 +174,26 @@ class _Draft:
     part_images: int | None
     ship_bytes: int  # bytes of one shm transfer: a batch, or a part of one
     per_image: float
+    batch_bytes: int  # bytes of one whole batch
     caps: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    def shm_limit(self, budget: int | None, prefetch: int) -> int | None:
-        return None if budget is None else budget // (prefetch * self.ship_bytes)
+    def shm_limit(self, share: int | None, prefetch: int) -> int | None:
+        """Workers whose transfers, plus the one the main process holds, fit ``share``."""
+        return None if share is None else max(0, share // self.ship_bytes - 1) // prefetch
+
+    def shm_bytes(self) -> int:
+        """What this loader holds in shm at most: its transfers in flight and the one in the main process."""
+        return (self.workers * self.prefetch + 1) * self.ship_bytes if self.workers > 0 else 0
 
 
 def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes: int, prefetch_factor: int,
                 resources: HostResources, cuda: bool, pin_memory: bool | str = "auto",
                 persistent_workers: bool = True, worker_footprint_bytes: int | None = None,
                 part_images: int | None = None, partner_pool: int = 0, timeout_s: float = 0.0,
-                val_batch_bytes: int | None = None) -> LoaderPlan:
-    """Decide the worker count and DataLoader settings, recording every cap and warning.
+                val_batch_bytes: int | None = None, val_batch_size: int | None = None) -> LoaderPlan:
+    """Decide the worker counts and DataLoader settings of the train and val loaders, recording
+    every cap and warning.
 
     Args:
         policy: "auto", "explicit" or "inherited".
@@ -172,9 +205,10 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
             when not even one whole batch fits the shm budget).
         partner_pool: the recipe's partner pool; planned parts are a multiple of it when
             possible, so each part still decodes each image once.
-        val_batch_bytes: bytes of one validation batch (None: the same as a train batch). The
-            memory cap budgets each worker's queue at the larger of the two, and, with
-            persistent workers, the train and the val workers, which are alive together.
+        val_batch_bytes, val_batch_size: one validation batch (None: the same as a train batch).
+            The train workers stream on into the next epoch while validation runs, so both
+            loaders share one shm budget (``plan.shm_split``; ``plan.val`` is the val plan); the
+            memory cap budgets each worker's queue at the larger batch, and both worker sets.
     """
     _check_request(policy, requested, prefetch_factor)
     ranks = max(1, resources.local_world_size)
@@ -184,23 +218,56 @@ def plan_loader(policy: str, requested: int | None, batch_size: int, batch_bytes
                      mem_room=resources.memory_available_bytes // ranks - MAIN_PROCESS_HEADROOM,
                      footprint=footprint, largest_batch=max(batch_bytes, val_batch_bytes or 0),
                      worker_sets=2 if persistent_workers else 1, ranks=ranks)
-    per_image = batch_bytes / batch_size
     if part_images is not None and part_images >= batch_size:
         part_images = None
-    draft = _Draft(workers=0, prefetch=prefetch_factor, part_images=part_images, per_image=per_image,
-                   ship_bytes=batch_bytes if part_images is None else int(per_image * part_images))
+    train = _draft(batch_bytes, batch_size, prefetch_factor, part_images)
+    val_size = val_batch_size or batch_size
+    val = _draft(val_batch_bytes or batch_bytes, val_size, prefetch_factor,
+                 part_images if part_images is not None and part_images < val_size else None)
     if policy == "explicit":
-        draft.workers = requested
+        train.workers = val.workers = requested
     else:
-        draft.workers = min(resources.usable_cpus, batch_size) if policy == "auto" else requested
+        train.workers = min(resources.usable_cpus, batch_size) if policy == "auto" else requested
         if policy == "inherited":
-            _cap_cpu(draft, resources)
-        _cap_shm(draft, budget, resources, batch_bytes, partner_pool)
-        _cap_memory(draft, budget, resources)
-    _warn(draft, policy, budget, resources)
-    return _final_plan(draft, policy, requested, batch_size, batch_bytes, resources, budget, cuda=cuda,
-                       pin_memory=pin_memory, persistent_workers=persistent_workers,
-                       footprint_given=bool(worker_footprint_bytes), timeout_s=timeout_s)
+            _cap_cpu(train, resources)
+        _share_shm(train, val, budget, resources, partner_pool)
+        _cap_memory(train, budget, resources)
+        val.workers = min(val.workers, max(1, train.workers))
+    _warn(train, val, policy, budget, resources)
+    final = partial(_final_plan, policy=policy, requested=requested, res=resources, b=budget, cuda=cuda,
+                    pin_memory=pin_memory, persistent_workers=persistent_workers,
+                    footprint_given=bool(worker_footprint_bytes), timeout_s=timeout_s)
+    plan = final(train, batch_size=batch_size, batch_bytes=batch_bytes)
+    plan.val = final(val, batch_size=val_size, batch_bytes=val_batch_bytes or batch_bytes)
+    if budget.shm is not None:
+        plan.shm_split = {"budget": budget.shm, "train": train.shm_bytes(), "val": val.shm_bytes()}
+    return plan
+
+
+def _draft(batch_bytes: int, batch_size: int, prefetch: int, part_images: int | None) -> _Draft:
+    per_image = batch_bytes / batch_size
+    return _Draft(workers=0, prefetch=prefetch, part_images=part_images, per_image=per_image, batch_bytes=batch_bytes,
+                  ship_bytes=batch_bytes if part_images is None else int(per_image * part_images))
+
+
+def _share_shm(train: _Draft, val: _Draft, b: _Budget, res: HostResources, partner_pool: int) -> None:
+    """One shm budget for both loaders: validation is reserved the least that keeps one val
+    worker (within a quarter of the budget: validation is the shorter stage, and training's
+    parts then stay large enough for whole partner pools), training is capped in the rest, and
+    validation then takes what training left, up to training's worker count."""
+    if b.shm is None:
+        _cap_shm(train, None, "", res, 0)
+        val.workers, val.prefetch = max(1, train.workers), train.prefetch
+        return
+    probe = _draft(val.batch_bytes, max(1, round(val.batch_bytes / val.per_image)), 1, val.part_images)
+    probe.workers = 1
+    _cap_shm(probe, b.shm // 4, "", res, 0)
+    reserve = probe.shm_bytes()
+    whole = f"{b.shm / MiB:.1f} MiB budget ({{budget}})"
+    _cap_shm(train, b.shm - reserve, f"{whole} - {reserve / MiB:.1f} MiB kept for one val worker", res, partner_pool)
+    val.workers = max(1, train.workers)
+    left = b.shm - train.shm_bytes()
+    _cap_shm(val, left, f"{whole} - {train.shm_bytes() / MiB:.1f} MiB of the train loader", res, 0)
 
 
 def _check_request(policy: str, requested: int | None, prefetch_factor: int) -> None:
@@ -219,48 +286,53 @@ def _cap_cpu(d: _Draft, res: HostResources) -> None:
     d.workers = min(d.workers, cpus)
 
 
-def _cap_shm(d: _Draft, b: _Budget, res: HostResources, batch_bytes: int, partner_pool: int) -> None:
-    """In-flight transfers fit the rank's shm budget; when not one worker's queue does, lower
-    prefetch, then ship batches in parts, then load in the main process."""
-    limit = d.shm_limit(b.shm, d.prefetch)
+def _cap_shm(d: _Draft, share: int | None, share_text: str, res: HostResources, partner_pool: int) -> None:
+    """In-flight transfers, and the one the main process holds, fit ``share`` of the rank's shm
+    budget; when not one worker's queue does, lower prefetch, then ship batches in parts, then
+    load in the main process."""
+    limit = d.shm_limit(share, d.prefetch)
     if limit is None:
         d.caps.append({"name": "shm", "limit": None, "applied": False,
                        "reason": f"no shm filesystem at {res.shm_path}: not capped"})
         return
     applied = d.workers > max(1, limit)
-    reason = (f"workers x prefetch {d.prefetch} x {d.ship_bytes / MiB:.1f} MiB <= half of "
-              f"{res.shm_free_bytes / MiB:.1f} MiB free shm / {res.local_world_size} ranks = {b.shm / MiB:.1f} MiB")
+    budget = f"half of {res.shm_free_bytes / MiB:.1f} MiB free shm / {res.local_world_size} ranks"
+    reason = (f"(workers x prefetch {d.prefetch} + 1 held by the main process) x {d.ship_bytes / MiB:.1f} MiB <= "
+              f"{share / MiB:.1f} MiB" + (f" = {share_text.format(budget=budget)}" if share_text else f" ({budget})"))
     if d.workers > 0 and limit == 0:
-        limit, more = _shrink_to_fit_shm(d, b, batch_bytes, partner_pool)
+        limit, more = _shrink_to_fit_shm(d, share, partner_pool)
         applied, reason = True, reason + more
     d.caps.append({"name": "shm", "limit": max(limit, 0), "applied": applied, "reason": reason})
     d.workers = min(d.workers, max(1, limit)) if limit >= 1 else 0
 
 
-def _shrink_to_fit_shm(d: _Draft, b: _Budget, batch_bytes: int, partner_pool: int) -> tuple[int, str]:
+def _shrink_to_fit_shm(d: _Draft, share: int, partner_pool: int) -> tuple[int, str]:
     """Not even one worker's queue fits: shrink the queue before giving up on workers. Returns
     the shm limit on workers and the reason's addition."""
-    fit = int(b.shm // d.per_image)  # whole images that fit the budget at once
+    batch_bytes = d.batch_bytes
+    fit = int(share // d.per_image)  # whole images that fit the share at once
     shm_size = -(-4 * batch_bytes // MiB)
-    if d.shm_limit(b.shm, 1) >= 1:
+    if d.shm_limit(share, 1) >= 1:
         d.prefetch = 1
         return 1, "; one worker at prefetch 1 fits, so prefetch lowered to 1"
-    if d.part_images is None and fit >= 1:
-        # Ship each batch in parts that fit: one part per worker in flight. Parts are whole
-        # partner pools when one fits (a part that splits a pool decodes the partners it draws
-        # from the other part again), fewer workers if need be.
-        if partner_pool > 1 and fit >= partner_pool:
-            d.workers = min(d.workers, fit // partner_pool)
-            d.part_images = (fit // d.workers) // partner_pool * partner_pool
+    if d.part_images is None and fit >= 2:
+        # Ship each batch in parts that fit: one part per worker in flight and one being joined.
+        # Parts are whole partner pools when they fit (a part that splits a pool decodes the
+        # partners it draws from the other part again), fewer workers if need be.
+        if partner_pool > 1 and fit >= 2 * partner_pool:
+            d.workers = min(d.workers, fit // partner_pool - 1)
+            d.part_images = (fit // (d.workers + 1)) // partner_pool * partner_pool
+        elif partner_pool > 1:  # not two pools: one worker, the largest parts (the fewest pools split)
+            d.workers, d.part_images = 1, fit // 2
         else:
-            d.workers = min(d.workers, fit)
-            d.part_images = fit // d.workers
+            d.workers = min(d.workers, fit - 1)
+            d.part_images = fit // (d.workers + 1)
         d.ship_bytes, d.prefetch = int(d.per_image * d.part_images), 1
-        return d.workers, (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds the budget, so workers ship it in "
+        return d.workers, (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds it, so workers ship it in "
                            f"parts of {d.part_images} images ({d.ship_bytes / MiB:.1f} MiB) at prefetch 1, joined "
                            f"before the step; --shm-size >= {shm_size}m ships whole batches")
-    return 0, (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds the budget, so batches are loaded in the main "
-               f"process (no shm); give the container --shm-size >= {shm_size}m or lower loader.batch_size to use "
+    return 0, (f"; one batch ({batch_bytes / MiB:.1f} MiB) exceeds it, so batches are loaded in the main "
+               f"process (no shm); give the container --shm-size >= {shm_size}m or lower the batch size to use "
                "workers")
 
 
@@ -279,11 +351,12 @@ def _cap_memory(d: _Draft, b: _Budget, res: HostResources) -> None:
         d.workers = max(1, m)
 
 
-def _warn(d: _Draft, policy: str, b: _Budget, res: HostResources) -> None:
+def _warn(train: _Draft, val: _Draft, policy: str, b: _Budget, res: HostResources) -> None:
     """Warnings with the numbers: an explicit count over a budget, fds and maps near their limits."""
-    inflight_fds = d.workers * d.prefetch * TENSORS_PER_BATCH
+    d = train
+    inflight_fds = (train.workers * train.prefetch + val.workers * val.prefetch) * TENSORS_PER_BATCH
     if policy == "explicit":
-        _warn_explicit(d, b, res)
+        _warn_explicit(train, val, b, res)
     if d.workers > 0 and inflight_fds + 64 > res.nofile_soft:
         d.warnings.append(f"{inflight_fds} fds in flight near RLIMIT_NOFILE {res.nofile_soft}: raise `ulimit -n`")
     # Every in-flight storage is also one memory map; the process's other maps (libraries,
@@ -294,19 +367,21 @@ def _warn(d: _Draft, policy: str, b: _Budget, res: HostResources) -> None:
                           "the host's to raise)")
 
 
-def _warn_explicit(d: _Draft, b: _Budget, res: HostResources) -> None:
-    """An explicit count is honoured; say what it exceeds."""
+def _warn_explicit(d: _Draft, val: _Draft, b: _Budget, res: HostResources) -> None:
+    """An explicit count is honoured, by both loaders; say what it exceeds."""
     workers, prefetch = d.workers, d.prefetch
-    inflight_bytes = workers * prefetch * d.ship_bytes
+    needed = d.shm_bytes() + val.shm_bytes()
     if workers > res.usable_cpus:
         d.warnings.append(f"{workers} workers on {res.usable_cpus} usable CPUs: workers will contend for cores and "
                           "each step may get slower")
-    if b.shm is not None and workers > 0 and inflight_bytes > b.shm:
-        d.warnings.append(f"in-flight batches need {workers} x {prefetch} x {d.ship_bytes / MiB:.1f} MiB = "
-                          f"{inflight_bytes / MiB:.1f} MiB of shm but the budget is {b.shm / MiB:.1f} MiB "
+    if b.shm is not None and workers > 0 and needed > b.shm:
+        fit = max(1, int(b.shm / 2 // ((workers + 1) * d.per_image)))
+        d.warnings.append(f"the train and val loaders need {d.shm_bytes() / MiB:.1f} + {val.shm_bytes() / MiB:.1f} = "
+                          f"{needed / MiB:.1f} MiB of shm ({workers} workers x prefetch {prefetch}, plus the batch the "
+                          f"main process holds, each) but the budget is {b.shm / MiB:.1f} MiB "
                           f"({res.shm_free_bytes / MiB:.1f} MiB free at {res.shm_path}); expect 'Bus error' or "
                           f"'No space left on device'. Fix: loader=auto, a lower loader.prefetch_factor, "
-                          f"loader.part_images={max(1, int(b.shm // (workers * prefetch * d.per_image)))}, or --shm-size")
+                          f"loader.part_images={fit}, or --shm-size")
     if workers > 0 and b.worker_sets * workers * (b.footprint + prefetch * b.largest_batch) > b.mem_room:
         d.warnings.append(f"{b.worker_sets * workers} workers (train and val) x "
                           f"~{(b.footprint + prefetch * b.largest_batch) / MiB:.0f} MiB may exceed the "

@@ -46,10 +46,17 @@ def next_rung(plan: LoaderPlan) -> tuple[int, int] | None:
 
 
 def describe(plan: LoaderPlan) -> str:
+    """One loader's plan in words; a run's plan also names its val loader's when that differs."""
     if plan.num_workers == 0:
-        return "in-process (0 workers)"
-    shipped = f"parts of {plan.part_images}" if plan.part_images else "whole batches"
-    return f"{plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}, prefetch {plan.prefetch_factor}, {shipped}"
+        text = "in-process (0 workers)"
+    else:
+        shipped = f"parts of {plan.part_images}" if plan.part_images else "whole batches"
+        text = f"{plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}, prefetch {plan.prefetch_factor}, {shipped}"
+    val = plan.val
+    if val is not None and (val.num_workers, val.prefetch_factor, val.part_images) != (
+            plan.num_workers, plan.prefetch_factor, plan.part_images):
+        text += f" (val: {describe(val)})"
+    return text
 
 
 class Replanner:
@@ -98,6 +105,7 @@ class Replanner:
         new = replace(self.plan_fn(workers, prefetch), source="replan", requested=workers)
         record = {"step": self.step_fn(), "stage": stage, "epoch": epoch, "batch": batch, "cause": kind,
                   "old_workers": old.num_workers, "new_workers": new.num_workers,
+                  "new_val_workers": new.for_stage("val").num_workers, "shm_split": new.shm_split,
                   "old_plan": describe(old), "new_plan": describe(new),
                   "diagnosis": diagnosis.splitlines()[1] if "\n" in diagnosis else diagnosis}
         self.records.append(record)

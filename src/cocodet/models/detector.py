@@ -52,6 +52,7 @@ class DetectorModule(L.LightningModule):
         self.val_images_evaluated = 0  # distinct images in the last COCOeval (padded repeats removed)
         self.val_repeats_removed = 0
         self.last_coco_eval = None  # the last validation's COCOeval (mode=eval's tables and plot)
+        self.last_detections: dict[int, list[dict]] = {}  # rank 0: every rank's, by image (prediction grid)
         self._resume_position: int | None = None
 
     def forward(self, images):
@@ -98,6 +99,7 @@ class DetectorModule(L.LightningModule):
         outcome = None  # (stats, images evaluated, padded repeats removed), from rank 0
         if self.trainer.is_global_zero:
             by_image, repeats = merge_rank_detections(shares)
+            self.last_detections = by_image
             if self._gt is None:
                 self._gt = load_ground_truth(self.val_ann_file, self.eval_backend)
             results = [r for detections in by_image.values() for r in detections]

@@ -11,6 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from cocodet.errors import DiskFull
 from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.policy import LoaderPlan
@@ -29,13 +30,16 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         ckpt_path: str | None, weights_only: bool, shm_path: str) -> dict:
     """Train, validating as configured; return the training summary."""
     started = time.perf_counter()
-    status = "completed"
+    status, disk_full = "completed", None
     with explained_loader_failures(plan, shm_path=shm_path):
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path,
                         weights_only=weights_only if ckpt_path else None)
         except SIGTERMException:
             status = "preempted"
+            close_progress_bars(trainer)
+        except DiskFull as e:  # the summary still reaches stdout, then the one error line
+            status, disk_full = "disk_full", e
             close_progress_bars(trainer)
     # Collective (every rank gathers), so before anything only rank 0 does.
     ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
@@ -55,7 +59,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     metrics = module.last_metrics or {}
     best = best_checkpoint.best_model_score if best_checkpoint else None
     finish_ranks(trainer)
-    return {
+    summary = {
         "mode": "train",
         "status": status,
         **{k: round(float(metrics.get(k, 0.0)), 4) for k in STAT_NAMES},
@@ -77,6 +81,10 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "replans": datamodule.replanner.records,
         "ddp": ddp,
     }
+    if disk_full is not None:
+        disk_full.summary = {**summary, "error": str(disk_full)}
+        raise disk_full
+    return summary
 
 
 def close_progress_bars(trainer: L.Trainer) -> None:

@@ -65,7 +65,8 @@ def _plan_args(cfg: DictConfig) -> dict:
                 worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
                 part_images=loader.get("part_images"), partner_pool=cfg.augment.get("partner_pool") or 0,
                 timeout_s=float(loader.get("timeout", 0)),
-                val_batch_bytes=batch_bytes(int(loader.val_batch_size), size) if loader.get("val_batch_size") else None)
+                val_batch_bytes=batch_bytes(int(loader.val_batch_size), size) if loader.get("val_batch_size") else None,
+                val_batch_size=int(loader.val_batch_size) if loader.get("val_batch_size") else None)
 
 
 def build_replanner(cfg: DictConfig, plan: LoaderPlan) -> Replanner:
@@ -106,7 +107,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path):
         from lightning.pytorch.callbacks import LearningRateMonitor
 
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    return L.Trainer(**args, default_root_dir=str(run_dir), callbacks=callbacks, logger=loggers)
+    from cocodet.models.checkpoint_io import AtomicCheckpointIO
+
+    return L.Trainer(**args, default_root_dir=str(run_dir), callbacks=callbacks, logger=loggers,
+                     plugins=[AtomicCheckpointIO()])  # a full disk never truncates the last checkpoint
 
 
 def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:

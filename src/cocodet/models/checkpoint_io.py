@@ -1,0 +1,61 @@
+"""Checkpoints written whole or not at all: a full disk never costs the previous one.
+
+Lightning's own writer opens the target for writing (or, in an fsspec transaction, moves a
+file from the system's temp folder onto it), so a disk that fills mid-save can leave
+``last.ckpt`` truncated: the one file a resume needs. Here the checkpoint goes to a temporary
+file beside the target, is flushed to disk, and only then renamed over it (one atomic rename
+on the same filesystem). On ENOSPC the temporary file is removed and :class:`DiskFull` names the
+folder and its free space.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from cocodet.errors import DiskFull
+from cocodet.units import mib
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if "://" in str(path):  # object stores have their own atomic puts
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        try:
+            # Serialised in memory first (as Lightning does): torch.save straight into a file
+            # reports a failed write as a RuntimeError about zip offsets, without the errno.
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            with open(tmp, "wb") as f:
+                f.write(buffer.getbuffer())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno not in FULL:
+                raise
+            raise DiskFull(disk_full_message(target)) from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def disk_full_message(target: Path) -> str:
+    usage = shutil.disk_usage(target.parent)
+    kept = f"the previous {target.name} is intact" if target.exists() else f"no earlier {target.name} existed"
+    return (f"no space left on device saving checkpoint {target.name} in {target.parent} ({mib(usage.free)} free "
+            f"of {mib(usage.total)}); {kept}. Free space there or point the checkpoint callbacks' dirpath "
+            "(callbacks.last_checkpoint.dirpath, callbacks.model_checkpoint.dirpath) at a larger disk, then resume "
+            "with ckpt_path=<that folder>/last.ckpt")
