@@ -4,6 +4,7 @@ the training process sends itself a real signal after a given optimizer step."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import lightning as L
@@ -30,3 +31,35 @@ class KillWorkerAtStep(L.Callback):
             pids = trainer.train_dataloader.worker_pids()
             assert pids, "the train loader has no workers to kill"
             os.kill(pids[0], signal.SIGKILL)
+
+
+class ResourceProbe(L.Callback):
+    """At every train epoch's start, one JSON line in ``path``: the main process's open fds and
+    RSS, the entries in /dev/shm and the bytes it holds (torch unlinks its segments at once, so
+    the bytes of those still open show only there), and the pid and RSS of every live train and
+    val worker."""
+
+    def __init__(self, path: str, shm_path: str = "/dev/shm"):
+        self.path, self.shm_path = path, shm_path
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        import json
+
+        import psutil
+
+        def workers(loader) -> dict:
+            out = {}
+            for pid in loader.worker_pids() if hasattr(loader, "worker_pids") else []:
+                try:
+                    out[pid] = psutil.Process(pid).memory_info().rss
+                except psutil.Error:
+                    continue
+            return out
+
+        val = trainer.val_dataloaders
+        row = {"epoch": trainer.current_epoch, "fds": len(os.listdir("/proc/self/fd")),
+               "shm": len(os.listdir(self.shm_path)), "shm_used": shutil.disk_usage(self.shm_path).used,
+               "rss": psutil.Process().memory_info().rss,
+               "train_workers": workers(trainer.train_dataloader), "val_workers": workers(val) if val else {}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")

@@ -56,6 +56,26 @@ def test_batch_digest_is_independent_of_parts_and_pixel_cache(coco_tiny, tmp_pat
     assert decodes["ram"] == 0 and decodes["disk_parts"] == 0
 
 
+def test_whole_dataset_partners_keep_the_stream_contract(coco_tiny, tmp_path):
+    """augment.partner_pool=null (partners from the whole dataset, issue #28's other side): the
+    same stream for any worker count, for parts, and for the pixel cache; it differs from the
+    pooled stream, and decodes each sample's partners too (about four decodes per sample)."""
+    digests, decodes = {}, {}
+    for name, extra in {"whole0": ["loader.num_workers=0"], "whole2": ["loader.num_workers=2"],
+                        "parts3": ["loader.num_workers=2", "loader.part_images=3"],
+                        "ram": ["loader.num_workers=2", "dataset.cache=ram"]}.items():
+        s = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.batch_size=8", "bench.batches=12",
+                                      "bench.digest_batches=12", "augment.partner_pool=null", *extra),
+                           tmp_path / name)
+        assert s["digest_batches"] == 12, name
+        digests[name], decodes[name] = s["batch_digest"], s["decodes_per_sample"]
+    assert len(set(digests.values())) == 1, digests
+    pooled = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.batch_size=8", "bench.batches=12",
+                                       "bench.digest_batches=12", "loader.num_workers=2"), tmp_path / "pooled")
+    assert pooled["batch_digest"] != digests["whole2"]
+    assert decodes["whole2"] > 2.5 and decodes["ram"] == 0, decodes
+
+
 def test_digest_changes_with_epoch(coco_tiny):
     from cocodet.data.coco import build_index
     from cocodet.data.dataset import DetectionDataset, EpochSampler

@@ -82,7 +82,7 @@ def test_replan_in_64mb_shm_leaves_room_for_validation(coco_tiny, tmp_path):
     assert s["status"] == "completed" and s["steps"] == 6
     assert len(s["replans"]) == 1, s["replans"]
     (replan,) = s["replans"]
-    assert replan["cause"] == "shm" and replan["new_val_workers"] >= 1
+    assert replan["cause"] == "shm" and replan["new_val_workers"] >= 1, replan
     split = replan["shm_split"]
     assert split["train"] > 0 and split["val"] > 0 and split["train"] + split["val"] <= split["budget"]
 

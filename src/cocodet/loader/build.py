@@ -107,6 +107,8 @@ class EpochLoader(torch.utils.data.DataLoader):
         super().__init__(*args, **kwargs)
         self._stream = _Stream()
         self.replanner, self.stage, self._across_asked = replanner, stage, across_epochs
+        if replanner is not None:
+            replanner.loaders.add(self)
         self._adopt(plan)
 
     def __len__(self) -> int:
@@ -128,7 +130,7 @@ class EpochLoader(torch.utils.data.DataLoader):
         first = 0
         if stream.batches is None or stream.next_epoch != wanted or not self.batch_sampler.across_epochs:
             first = self.batch_sampler.first_batch(wanted)
-            self._start_stream()
+            self._start_stream_at(wanted, first)
         stream.next_epoch = None  # until this epoch is taken to its end
         return self._one_epoch(wanted, first)
 
@@ -149,6 +151,40 @@ class EpochLoader(torch.utils.data.DataLoader):
         self._stream.iterator = super().__iter__()
         self._stream.batches = _joined(self._stream.iterator, self.pin_memory)
 
+    def _start_stream_at(self, epoch: int, batch: int) -> None:
+        """Start the stream (positioned at ``batch`` of ``epoch``). A persistent iterator's restart
+        waits on every worker, so a worker that died between epochs fails here, not at a fetch;
+        it is re-planned the same way."""
+        while True:
+            failure = None
+            try:
+                self._start_stream()
+                return
+            except Exception as error:
+                failure = self.replanner.failure(error) if self.replanner is not None else None
+                if failure is None:
+                    raise
+            self._replan(failure, epoch, batch)
+
+    def release_workers(self) -> None:
+        """Shut this loader's workers down (before a re-plan probes the host); its next
+        ``iter()`` starts them again on the plan then in force."""
+        self._shut_down()
+        self._stream.next_epoch = None
+
+    def _replan(self, failure: tuple[str, str], epoch: int, batch: int) -> None:
+        """Shut the failed workers down and take the smaller plan, positioned at the failed batch."""
+        self._shut_down()
+        self._resume_at(self.replanner.replan(*failure, self.stage, epoch, batch), epoch, batch, start=False)
+
+    def _resume_at(self, run_plan: LoaderPlan, epoch: int, batch: int, start: bool = True) -> None:
+        """Take ``run_plan`` with the sampler positioned at ``batch`` of ``epoch``."""
+        self._adopt(run_plan)
+        self.batch_sampler.sampler.set_epoch(epoch)
+        self.batch_sampler.start_at(epoch, batch)
+        if start:
+            self._start_stream_at(epoch, batch)
+
     def _shut_down(self) -> None:
         """End the worker stream (the workers of a failed one, after a re-plan elsewhere)."""
         iterator = self._stream.iterator
@@ -164,6 +200,8 @@ class EpochLoader(torch.utils.data.DataLoader):
         epoch runs; the loader never holds this generator (see _Stream)."""
         stream = self._stream
         while True:
+            if stream.batches is None:  # another loader's re-plan released the workers mid-epoch
+                self._resume_at(self.replanner.plan, epoch, batch)
             failure = None
             try:
                 item = self._fetch()
@@ -172,11 +210,8 @@ class EpochLoader(torch.utils.data.DataLoader):
                 if failure is None:
                     raise
             if failure is not None:  # out of the except block: the error's frames are released
-                self._shut_down()
-                self._adopt(self.replanner.replan(*failure, self.stage, epoch, batch))
-                self.batch_sampler.sampler.set_epoch(epoch)
-                self.batch_sampler.start_at(epoch, batch)
-                self._start_stream()
+                self._replan(failure, epoch, batch)
+                self._start_stream_at(epoch, batch)
                 continue
             if item is None:
                 break

@@ -11,6 +11,7 @@ rung can land lower than asked when the host has less than at start.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import replace
 from typing import Callable
 
@@ -78,6 +79,11 @@ class Replanner:
         schema.check("loader.on_failure", self.on_failure)
         self.records: list[dict] = []
         self.step_fn: Callable[[], int | None] = lambda: None  # the trainer's global step, when one runs
+        # The run's loaders (weakly: a loader's life is the trainer's business). A re-plan shuts
+        # them all down before the probe: the other loader's persistent workers hold prefetched
+        # batches in /dev/shm (the val loader's since the sanity check, say), and a probe that
+        # counts them as taken plans both loaders smaller than the host allows.
+        self.loaders: weakref.WeakSet = weakref.WeakSet()
 
     def failure(self, error: BaseException) -> tuple[str, str] | None:
         """(resource, diagnosis) when ``error`` says workers died of a resource this run re-plans
@@ -100,6 +106,8 @@ class Replanner:
         """Record and log the failure, then return the smaller plan now in force. Call after
         the failed workers and what they delivered are released, so the probe counts the shm
         they held as free."""
+        for loader in list(self.loaders):
+            loader.release_workers()
         old = self.plan
         workers, prefetch = next_rung(old)
         new = replace(self.plan_fn(workers, prefetch), source="replan", requested=workers)

@@ -1,0 +1,71 @@
+"""Real photographs learned end to end: a detector trained from scratch memorises 8 coco_tiny
+images, and two faults on the way back to the stored image's frame and category ids each
+cost it most of its score. A fault in the training targets is covered by the clean run: it
+would not learn. README "Real images" has the longer run and its learning curve."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_in_process
+
+IMAGES, SIZE, EPOCHS = 8, 320, 70
+
+
+def build_subset(src, out):
+    spec = importlib.util.spec_from_file_location("overfit_subset", REPO / "scripts" / "overfit_subset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_subset(src, out, images=IMAGES, image_size=SIZE)
+
+
+def dataset_args(coco_tiny, ann) -> list[str]:
+    return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.train_images=train2017", f"dataset.train_ann={ann}",
+            "dataset.val_images=train2017", f"dataset.val_ann={ann}", f"dataset.image_size={SIZE}",
+            "augment=none", "loader.batch_size=4", "trainer.enable_progress_bar=false"]
+
+
+def shifted_boxes(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
+    """The map back to the stored frame, then every box moved by a fifth of its width and height."""
+    from cocodet.models.evaluation import to_original_frame
+
+    out = to_original_frame(boxes, to_original)
+    w, h = out[:, 2] - out[:, 0], out[:, 3] - out[:, 1]
+    return out + np.stack([w, h, w, h], axis=1) / 5
+
+
+@pytest.mark.slow
+def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch):
+    import cocodet.models.detector as detector
+
+    ann = build_subset(coco_tiny, tmp_path / "subset")
+    args = dataset_args(coco_tiny, ann)
+    trained = run_in_process([*args, f"trainer.max_epochs={EPOCHS}", f"trainer.check_val_every_n_epoch={EPOCHS}"],
+                             tmp_path / "train")
+    evaluate = [*args, "mode=eval", "eval.split=train", f"ckpt_path={trained['last_ckpt']}"]
+    clean = run_in_process(evaluate, tmp_path / "clean")
+    assert clean["images"] == IMAGES and clean["map50"] >= 0.3, clean
+    assert (tmp_path / "clean" / "val_predictions.png").exists()
+
+    monkeypatch.setattr(detector, "to_original_frame", shifted_boxes)
+    shifted = run_in_process(evaluate, tmp_path / "shifted")
+    monkeypatch.undo()
+
+    real = detector.detections_to_coco
+    order = sorted(c["id"] for c in json.loads(ann.read_text())["categories"])
+
+    def next_category(image_id, boxes, scores, category_ids, decimals=2):
+        """Every detection's label moved to the next class (the last to the first)."""
+        moved = np.array([order[(order.index(int(c)) + 1) % len(order)] for c in category_ids], dtype=np.int64)
+        return real(image_id, boxes, scores, moved, decimals)
+
+    monkeypatch.setattr(detector, "detections_to_coco", next_category)
+    relabelled = run_in_process(evaluate, tmp_path / "relabelled")
+    print(f"mAP@0.5 clean {clean['map50']:.3f}, boxes shifted {shifted['map50']:.3f}, "
+          f"labels shifted {relabelled['map50']:.3f} (training: {trained['map50']:.3f})")
+    assert shifted["map50"] < clean["map50"] / 3, (clean["map50"], shifted["map50"])
+    assert relabelled["map50"] < clean["map50"] / 3, (clean["map50"], relabelled["map50"])
