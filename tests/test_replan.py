@@ -71,6 +71,49 @@ def test_killed_worker_is_replaced_and_the_stream_continues_exactly(synthetic_ro
     assert dm.val_dataloader().num_workers == 1
 
 
+def test_a_replan_stops_the_other_loaders_workers_and_both_streams_stay_exact(synthetic_root):
+    """Train and val persistent workers alive at once: a re-plan of either stops the other's
+    workers before probing /dev/shm (their prefetched batches must count as free), and a
+    train epoch suspended mid-way (validation inside the epoch) resumes at its next batch."""
+    def batches(loader, epoch):
+        loader.set_epoch(epoch)
+        return iter(loader)
+
+    ref = datamodule(synthetic_root, 0)
+    ref_train, ref_val = ref.train_dataloader(), ref.val_dataloader()
+    want_val = [chain_stream_digest("", b) for b in batches(ref_val, 0)]
+    want_train = [chain_stream_digest("", b) for b in batches(ref_train, 0)]
+
+    dm = datamodule(synthetic_root, 2)
+    train, val = dm.train_dataloader(), dm.val_dataloader()
+    try:
+        sanity = batches(val, 0)  # like Lightning's sanity check: two batches, the rest prefetched
+        assert [chain_stream_digest("", next(sanity)) for _ in range(2)] == want_val[:2]
+        val_pids = val.worker_pids()
+        assert val_pids
+        epoch = batches(train, 0)
+        got_train = [chain_stream_digest("", next(epoch)) for _ in range(3)]
+        os.kill(train.worker_pids()[0], signal.SIGKILL)
+        got_train += [chain_stream_digest("", next(epoch)) for _ in range(3)]  # re-planned inside
+        assert len(dm.replanner.records) == 1 and val._stream.iterator is None
+        for pid in val_pids:  # stopped, not left holding their prefetched batches
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        # Validation in the middle of the train epoch dies too: the suspended train epoch's
+        # workers are released by that re-plan and its stream restarts where it stood.
+        val_epoch = batches(val, 0)
+        got_val2 = [chain_stream_digest("", next(val_epoch))]
+        os.kill(val.worker_pids()[0], signal.SIGKILL)
+        got_val2 += [chain_stream_digest("", b) for b in val_epoch]
+        assert len(dm.replanner.records) == 2 and train._stream.iterator is None
+        got_train += [chain_stream_digest("", b) for b in epoch]
+    finally:
+        shut_down(train)
+        shut_down(val)
+    assert got_val2 == want_val
+    assert got_train == want_train
+
+
 def test_on_failure_defaults_to_raise_for_explicit_counts_only():
     res = probe()
     explicit = plan_loader("explicit", 2, 4, 1 << 20, 2, res, cuda=False)
