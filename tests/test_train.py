@@ -55,6 +55,7 @@ def test_default_training_reaches_map50(tmp_path):
     _, s = run_train([f"dataset.root={tmp_path / 'synthetic'}"], tmp_path / "run", timeout=1800)
     assert s["map50"] >= 0.25, s
     assert s["epochs"] == 6 and s["best_map"] is not None
+    assert (tmp_path / "run" / "val_predictions.png").stat().st_size > 0  # the last validation's grid
 
 
 def test_eval_max_images_limits_what_cocoeval_sees(tmp_path, synthetic_root, caplog):
