@@ -94,7 +94,10 @@ def test_a_replan_stops_the_other_loaders_workers_and_both_streams_stay_exact(sy
         epoch = batches(train, 0)
         got_train = [chain_stream_digest("", next(epoch)) for _ in range(3)]
         os.kill(train.worker_pids()[0], signal.SIGKILL)
-        got_train += [chain_stream_digest("", next(epoch)) for _ in range(3)]  # re-planned inside
+        # Batches already in flight still arrive; the death is found when the dead worker's
+        # turn comes (how many arrive first depends on timing), and the re-plan happens there.
+        while not dm.replanner.records and len(got_train) < len(want_train):
+            got_train.append(chain_stream_digest("", next(epoch)))
         assert len(dm.replanner.records) == 1 and val._stream.iterator is None
         for pid in val_pids:  # stopped, not left holding their prefetched batches
             with pytest.raises(ProcessLookupError):
