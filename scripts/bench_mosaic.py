@@ -19,7 +19,8 @@ import cv2
 import numpy as np
 
 from cocodet.data.augment import PAD_VALUE, Mosaic
-from cocodet.data.coco import build_index, load_raw
+from cocodet.data.coco import build_index
+from cocodet.data.read import load_raw
 
 
 def albumentations_mosaic(s: int) -> A.Compose:

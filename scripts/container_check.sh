@@ -11,6 +11,7 @@
 #                        has or can pull it, else a Debian bookworm base built with debootstrap)
 #   COCODET_BUILD_OPTS   extra build options (e.g. -v mounts of a wheel folder)
 #   COCODET_HOST_PIP=0   do not hand the host's pip configuration to the build
+#   COCODET_DEBIAN_MIRROR  the mirror debootstrap uses (default: apt's, from scripts/debian_mirror.sh)
 #   COCODET_COCO_TINY    the coco_tiny folder (default ../shared/data/coco_tiny)
 #   COCODET_SCALE_ROOT   a COCO-2017-sized set from scripts/make_scale_coco.py for the cache check
 #                        (118,287 train images: the index build shows); default coco_tiny
@@ -55,11 +56,13 @@ if [ -z "${BASE_IMAGE:-}" ]; then
         BASE_IMAGE=localhost/debian-bookworm:base
         if ! eng image exists "$BASE_IMAGE" 2>/dev/null; then
             command -v debootstrap >/dev/null || fail "no registry and no debootstrap: set BASE_IMAGE to a local Debian-based Python image"
-            mirror=$(grep -rhoE 'https?://[^ ]*debian[^ ]*' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v security | head -1)
-            say "no registry: building $BASE_IMAGE from Debian (${mirror:-http://deb.debian.org/debian})"
+            mirror=$("$REPO/scripts/debian_mirror.sh")  # apt's own mirror (deb822 or one-line lists; COCODET_DEBIAN_MIRROR)
+            say "no registry: building $BASE_IMAGE from Debian ($mirror)"
             debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm \
-                "$WORK/rootfs" "${mirror:-http://deb.debian.org/debian}" >/dev/null
-            tar -C "$WORK/rootfs" -c . | eng import - "$BASE_IMAGE" >/dev/null
+                "$WORK/rootfs" "$mirror" > "$WORK/debootstrap.log" 2>&1 \
+                || { tail -n 25 "$WORK/debootstrap.log" >&2; fail "base image: debootstrap from $mirror (set COCODET_DEBIAN_MIRROR to another mirror, or BASE_IMAGE to a local image)"; }
+            tar -C "$WORK/rootfs" -c . | eng import - "$BASE_IMAGE" > "$WORK/import.log" 2>&1 \
+                || { tail -n 25 "$WORK/import.log" >&2; fail "base image: $ENGINE import of the debootstrap tree"; }
             rm -rf "$WORK/rootfs"
         fi
     fi
@@ -92,7 +95,7 @@ build() {  # build CONTEXT [extra options]: prints the seconds it took
     local ctx=$1; shift
     local t0; t0=$(date +%s.%N)
     eng build "${RUN_ARGS[@]}" "${BUILD_ARGS[@]}" "${EXTRA_BUILD[@]}" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-        -t "$IMAGE" "$@" "$ctx" > "$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; fail "image build"; }
+        -t "$IMAGE" "$@" "$ctx" > "$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log" >&2; fail "image build ($ENGINE build $*)"; }
     python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.0f}')" "$t0"
 }
 # The build context: the working tree as .dockerignore leaves it, copied, so the rebuild's

@@ -13,7 +13,9 @@ import torch
 from PIL import Image
 
 from cocodet.data.augment import Basic, Mosaic
-from cocodet.data.coco import BadSampleError, DatasetConfigError, build_index, decode_image, load_raw
+from cocodet.data.coco import BadSampleError, DatasetConfigError, build_index
+from cocodet.data.decode import decode_checked
+from cocodet.data.read import load_raw
 from cocodet.datamodule import CocoDataModule
 from cocodet.data.dataset import DetectionDataset
 from cocodet.loader.flat_batch import flatten
@@ -146,7 +148,7 @@ def test_repaired_formats(ds):
     pil.convert("P").save(root / "palette.png")
     cases["palette"] = root / "palette.png"
     for name, p in cases.items():
-        im = decode_image(p.read_bytes())
+        im = decode_checked(p.read_bytes()).image
         assert im.shape == stored.shape and im.dtype == np.uint8, name
         assert im.std() > 5, name
 

@@ -99,8 +99,7 @@ def test_dockerfile_runs_as_non_root():
     assert users and users[-1] not in ("root", "0"), users
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("script", ["download_coco.sh", "gpu_check.sh"])
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "scripts").glob("*.sh")))
 def test_shell_scripts_pass_shellcheck(script):
     exe = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     if not Path(exe).exists():

@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, is_root, run_in_process, synthetic_overrides
 from test_bad_input import make_dataset, write
 
-from cocodet.data import coco as coco_module
+from cocodet.data import decode as decode_module
 from cocodet.data.augment import Basic
 from cocodet.data.coco import BadSampleError, build_index
 from cocodet.data.dataset import DetectionDataset
@@ -86,13 +86,13 @@ def test_hostile_images_are_bad_samples_without_a_decode(coco_tiny, tmp_path, mo
     root, data, max_pixels = hostile_dataset(coco_tiny, tmp_path / "ds")
     index = build_index(root / "images", write(root, data))
     decoded = []
-    real_decode = coco_module.decode_image
+    real_decode = decode_module._imdecode
 
     def watched(blob, reduction=1):
         decoded.append(header_size(blob))
         return real_decode(blob, reduction)
 
-    monkeypatch.setattr(coco_module, "decode_image", watched)
+    monkeypatch.setattr(decode_module, "_imdecode", watched)
     dataset = DetectionDataset(index, Basic(128), 0, mode, max_image_pixels=max_pixels)
     hostile = [k for k in range(len(index)) if int(index.image_ids[k]) in HOSTILE_IDS]
     reasons = {}
@@ -120,7 +120,7 @@ def test_an_annotation_that_disagrees_with_the_header_is_refused_before_decoding
     root, data = make_dataset(coco_tiny, tmp_path / "ds")
     data["images"][0]["height"] += 10
     index = build_index(root / "images", write(root, data))
-    monkeypatch.setattr(coco_module, "decode_image", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(decode_module, "_imdecode", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(BadSampleError, match="header size .* differs from the annotation"):
         DetectionDataset(index, Basic(128), 0, "raise")[(0, 0)]
 
@@ -129,9 +129,9 @@ def test_an_opencv_error_is_a_bad_sample(tmp_path, monkeypatch):
     def refuse(*args):
         raise cv2.error("OpenCV(5.0.0) imgcodecs: image size 40000x40000 exceeds the limit")
 
-    monkeypatch.setattr(coco_module.cv2, "imdecode", refuse)
+    monkeypatch.setattr(decode_module.cv2, "imdecode", refuse)
     with pytest.raises(ValueError, match="OpenCV cannot decode it"):
-        coco_module.decode_image(b"\xff\xd8" + b"\x00" * 64 + b"\xff\xd9")
+        decode_module.decode_checked(b"\xff\xd8" + b"\x00" * 64 + b"\xff\xd9")
 
 
 def _peak_rss_of_tree(args: list[str], run_dir: Path) -> tuple[int, dict]:

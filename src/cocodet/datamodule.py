@@ -73,6 +73,7 @@ class CocoDataModule(L.LightningDataModule):
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
         super().__init__()
         self.run_dir = Path(run_dir) if run_dir else None
+        self.max_image_pixels = max_image_pixels  # every decode of this run's files checks it (data/decode.py)
         self.bad_samples = BadSampleLedger(self.run_dir)
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
                                                        on_bad_sample, synthetic, cache_dir)

@@ -3,10 +3,14 @@
 What most detection codebases do: PIL decode of every image a sample needs (four for a
 mosaic, partners drawn from the whole dataset), one float32 CHW tensor per sample, a target
 dict per sample and a list-of-dicts collate (torchvision's references: ``tuple(zip(*batch))``).
-The recipe itself is this project's ``Mosaic``, so only the loading differs.
+The recipe itself is this project's ``Mosaic``, so only the loading differs. One thing it
+keeps of cocodet: the header is checked (size limit, annotated size) before PIL opens a file,
+so a decompression bomb costs this baseline nothing either.
 """
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import torch
@@ -15,18 +19,23 @@ from PIL import Image
 
 from cocodet.data.augment import Recipe
 from cocodet.data.coco import CocoIndex
+from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS, check_header
 
 
 class CommonWayDataset(torch.utils.data.Dataset):
-    def __init__(self, index: CocoIndex, recipe: Recipe, seed: int = 0):
-        self.index, self.recipe, self.seed = index, recipe, seed
+    def __init__(self, index: CocoIndex, recipe: Recipe, seed: int = 0, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+        self.index, self.recipe, self.seed, self.max_pixels = index, recipe, seed, max_pixels
         self.epoch = 0
 
     def __len__(self) -> int:
         return len(self.index)
 
     def _raw(self, k: int):
-        with Image.open(str(self.index.paths[k])) as im:
+        with open(str(self.index.paths[k]), "rb") as f:
+            data = f.read()
+        # ValueError before PIL allocates anything (PIL's own bomb check only warns below 2x its limit).
+        check_header(data, (int(self.index.sizes[k][0]), int(self.index.sizes[k][1])), self.max_pixels)
+        with Image.open(io.BytesIO(data)) as im:
             image = np.asarray(im.convert("RGB"))
         boxes, labels = self.index.targets(k)
         return image, np.array(boxes), np.array(labels)
@@ -46,8 +55,8 @@ def list_collate(batch):
 
 
 def common_way_loader(index: CocoIndex, recipe: Recipe, batch_size: int, num_workers: int,
-                      seed: int = 0) -> torch.utils.data.DataLoader:
+                      seed: int = 0, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> torch.utils.data.DataLoader:
     kwargs = dict(persistent_workers=True, prefetch_factor=2) if num_workers else {}
-    return torch.utils.data.DataLoader(CommonWayDataset(index, recipe, seed), batch_size=batch_size, shuffle=True,
+    return torch.utils.data.DataLoader(CommonWayDataset(index, recipe, seed, max_pixels), batch_size=batch_size, shuffle=True,
                                        num_workers=num_workers, collate_fn=list_collate,
                                        generator=torch.Generator().manual_seed(seed), **kwargs)

@@ -15,7 +15,7 @@ from cocodet.bench.producers import CostDataset, make_consumer
 from cocodet.timing.measurement import Measurement
 from cocodet.timing.transfer import TransferTimer
 from cocodet.timing.workers import worker_memory
-from cocodet.data.coco import decode_image
+from cocodet.data.decode import decode_checked
 from cocodet.datamodule import CocoDataModule
 from cocodet.data.dataset import EpochSampler
 from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, restore, to_device, update_digest
@@ -31,21 +31,21 @@ def decode_probe(datamodule: CocoDataModule, images: int) -> float | None:
     Files are read first, so only the decode (and the colour conversion the loader does) is
     timed; a file that fails to decode costs nothing and is left out.
     """
-    index = datamodule.train_index
+    index, max_pixels = datamodule.train_index, datamodule.max_image_pixels
     blobs = []
     for k in range(min(images, len(index))):
         try:
             with open(index.paths[k], "rb") as f:
-                blobs.append(f.read())
+                blobs.append((f.read(), (int(index.sizes[k][0]), int(index.sizes[k][1]))))
         except OSError:
             continue
     times = []
-    for data in blobs:
+    for data, annotated_hw in blobs:
         best = None
         for _ in range(3):  # the fastest of three: the cost on a core nothing else is using
             t0 = time.perf_counter()
-            try:
-                decode_image(data)
+            try:  # guarded like the loader's decode: a file it would refuse is refused here, undecoded
+                decode_checked(data, annotated_hw, max_pixels)
             except ValueError:
                 break
             best = min(best or 1e9, time.perf_counter() - t0)

@@ -1,4 +1,4 @@
-"""COCO index and sample decoding.
+"""The COCO index (reading one sample is ``data/read.py``).
 
 The index is built once in the main process from pycocotools and kept as flat numpy
 buffers plus offsets (detectron2-style), so DataLoader workers that touch it on every
@@ -11,25 +11,16 @@ import json
 import logging
 import math
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
-import cv2
 import numpy as np
 from tqdm import tqdm
 
-from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS, ImageTooLarge, check_header
 from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)
-
-# Decode in stored pixel order (COCO boxes are in that frame) and always as 3-channel BGR:
-# OpenCV converts grayscale, CMYK and palette images for us with IMREAD_COLOR.
-_IMREAD_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
-
 
 class BadSampleError(RuntimeError):
     """A sample that cannot be used; carries what a user needs to find it."""
@@ -69,56 +60,6 @@ def resolve_inside(root: Path, file_name: str, real_dirs: dict[str, str] | None 
     if os.path.commonpath([real_root, real]) != real_root:
         return None
     return path
-
-
-# libjpeg's DCT scaling: a JPEG decoded at 1/2, 1/4 or 1/8 of its size costs about half a
-# full decode, and an image shrunk by that much anyway loses nothing it would have kept.
-_REDUCED_FLAGS = {1: _IMREAD_FLAGS, 2: cv2.IMREAD_REDUCED_COLOR_2 | cv2.IMREAD_IGNORE_ORIENTATION,
-                  4: cv2.IMREAD_REDUCED_COLOR_4 | cv2.IMREAD_IGNORE_ORIENTATION,
-                  8: cv2.IMREAD_REDUCED_COLOR_8 | cv2.IMREAD_IGNORE_ORIENTATION}
-
-
-class Source(NamedTuple):
-    """An image at the working resolution (long side = the dataset's image_size) with its
-    targets in that frame: what every recipe starts from, decoded or read from the pixel cache.
-
-    ``orig_hw`` is the stored image's (height, width); ``scale`` maps stored pixels to these.
-    """
-
-    image: np.ndarray
-    boxes: np.ndarray
-    labels: np.ndarray
-    orig_hw: tuple[int, int]
-    scale: float
-
-
-def decode_reduction(data: bytes, stored_hw: tuple[int, int], size: int) -> int:
-    """The largest libjpeg reduction (1, 2, 4 or 8) that still decodes at least ``size`` pixels
-    on the long side. JPEG only (other formats would be decoded in full and resized by
-    OpenCV anyway); 1 when the stored size is unknown."""
-    if data[:2] != b"\xff\xd8" or min(stored_hw) <= 0:
-        return 1
-    for factor in (8, 4, 2):
-        if max(stored_hw) // factor >= size:
-            return factor
-    return 1
-
-
-def decode_image(data: bytes, reduction: int = 1) -> np.ndarray:
-    """Decode image bytes by content into an HxWx3 uint8 RGB array (at 1/``reduction`` of the
-    stored size for a JPEG); raise ValueError with a reason."""
-    if not data:
-        raise ValueError("file is empty (0 bytes)")
-    if data[:2] == b"\xff\xd8" and not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
-        # libjpeg decodes a truncated file into a half-grey image with only a warning.
-        raise ValueError(f"truncated JPEG: no end-of-image marker ({len(data)} bytes)")
-    try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED_FLAGS[reduction])
-    except cv2.error as e:  # e.g. above OpenCV's own pixel limit (2^30): a bad sample, not a crash
-        raise ValueError(f"OpenCV cannot decode it: {str(e).strip().splitlines()[-1]}") from None
-    if image is None:
-        raise ValueError(f"not a decodable image (first bytes {data[:8]!r})")
-    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
 @dataclass
@@ -293,102 +234,3 @@ def _training_boxes(anns: list[dict], label_of: dict[int, int], dropped: dict[st
             continue
         kept.append(([x, y, x + w, y + h], label_of[a["category_id"]]))
     return kept
-
-
-def _read(index: CocoIndex, k: int) -> tuple[str, int, bytes]:
-    """(path, image id, file bytes) of image k; BadSampleError for a refused or unreadable file."""
-    path, image_id = str(index.paths[k]), int(index.image_ids[k])
-    if index.problems[k]:
-        raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
-    try:
-        with open(path, "rb") as f:
-            return path, image_id, f.read()
-    except OSError as e:
-        raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
-
-
-def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None,
-             max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Read and decode image k; return (rgb image, xyxy boxes clipped to it, labels).
-
-    Raises BadSampleError naming file, image id and reason (an image too large or of another
-    size than annotated, from its header, without a decode). ``timings`` (read, decode) in
-    seconds are accumulated in place when given.
-    """
-    t0 = time.perf_counter()
-    path, image_id, data = _read(index, k)
-    t1 = time.perf_counter()
-    try:
-        check_header(data, tuple(int(x) for x in index.sizes[k]), max_pixels)
-        image = decode_image(data)
-    except ValueError as e:
-        raise BadSampleError(path, image_id, str(e)) from None
-    t2 = time.perf_counter()
-    if timings is not None:
-        timings[0] += t1 - t0
-        timings[1] += t2 - t1
-    h, w = image.shape[:2]
-    jh, jw = index.sizes[k]
-    if (jh, jw) != (0, 0) and (h, w) != (jh, jw):
-        raise BadSampleError(path, image_id, f"decoded size {h}x{w} differs from the annotation's {jh}x{jw}")
-    return (image, *_clip_targets(index, k, h, w))
-
-
-def _clip_targets(index: CocoIndex, k: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """Image k's boxes clipped to its stored (h, w); boxes wholly outside are dropped."""
-    boxes, labels = index.targets(k)
-    boxes = boxes.copy()
-    np.clip(boxes[:, 0::2], 0, w, out=boxes[:, 0::2])
-    np.clip(boxes[:, 1::2], 0, h, out=boxes[:, 1::2])
-    keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)
-    return boxes[keep], labels[keep]
-
-
-def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None = None,
-                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Source:
-    """Read image k and bring it to the working resolution (long side ``size``): a reduced
-    JPEG decode when the image is at least 2x larger, then the one letterbox resize.
-
-    The pixel cache stores exactly this output, so cached and uncached runs see the same
-    pixels. Raises BadSampleError like :func:`load_raw`; ``timings`` (read, decode) in seconds
-    accumulate in place, the resize counting as decode.
-    """
-    t0 = time.perf_counter()
-    path, image_id, data = _read(index, k)
-    t1 = time.perf_counter()
-    jh, jw = (int(x) for x in index.sizes[k])
-    try:
-        resized, (orig_h, orig_w), scale = decode_resized(data, (jh, jw), size, max_pixels)
-    except ValueError as e:
-        raise BadSampleError(path, image_id, str(e)) from None
-    t2 = time.perf_counter()
-    if timings is not None:
-        timings[0] += t1 - t0
-        timings[1] += t2 - t1
-    boxes, labels = _clip_targets(index, k, orig_h, orig_w)
-    return Source(resized, boxes * np.float32(scale), labels, (orig_h, orig_w), scale)
-
-
-def decode_resized(data: bytes, stored_hw: tuple[int, int], size: int,
-                   max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, tuple[int, int], float]:
-    """Image bytes -> (RGB image with long side ``size``, stored (h, w), scale stored -> output):
-    the header checked first (size limit, annotated size; ``(0, 0)``: not annotated, the
-    header's size is used), the reduced JPEG decode when the size allows it, then the one
-    letterbox resize. Raises ValueError with a reason (too large, undecodable, or a size that
-    is not the annotated one). What training, validation, prediction and the pixel cache all use."""
-    from cocodet.data.augment import letterbox_resize  # augment imports albumentations: only here
-
-    header = check_header(data, stored_hw, max_pixels)
-    jh, jw = stored_hw if tuple(stored_hw) != (0, 0) or header is None else header
-    reduction = decode_reduction(data, (jh, jw), size)
-    image = decode_image(data, reduction)
-    h, w = image.shape[:2]
-    expected = (jh, jw) if reduction == 1 else (-(-jh // reduction), -(-jw // reduction))  # libjpeg rounds up
-    if (jh, jw) != (0, 0) and (h, w) != expected:
-        raise ValueError(f"decoded size {h * reduction}x{w * reduction} differs from the annotation's {jh}x{jw}")
-    if h * w * reduction * reduction > max_pixels:  # a format whose header could not be read
-        raise ImageTooLarge(f"too large: decoded {h * reduction}x{w * reduction}, above "
-                            f"dataset.max_image_pixels={max_pixels}")
-    orig = (jh, jw) if reduction > 1 else (h, w)
-    resized, r = letterbox_resize(image, size)
-    return resized, orig, r / reduction

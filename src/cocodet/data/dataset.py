@@ -23,7 +23,8 @@ import torch.utils.data
 
 from cocodet.data.augment import Recipe
 from cocodet.data.bad_samples import skip_record
-from cocodet.data.coco import BadSampleError, CocoIndex, Source, load_resized
+from cocodet.data.coco import BadSampleError, CocoIndex
+from cocodet.data.read import Source, load_resized
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet import schema
 from cocodet.sample import BatchKeys, make_sample

@@ -1,6 +1,6 @@
 """``dataset.cache=ram|disk``: every image of a split at the working resolution, in one file.
 
-The file holds each image exactly as :func:`~cocodet.data.coco.load_resized` returns it
+The file holds each image exactly as :func:`~cocodet.data.read.load_resized` returns it
 (reduced JPEG decode, then the one letterbox resize), back to back as uint8 HxWx3, with the
 offsets, shapes and scales beside it. Workers and ranks open it with ``np.memmap``: the
 pages live once in the host's page cache, whatever the number of processes reading them
@@ -35,7 +35,8 @@ from cocodet import schema
 from cocodet.host import memory_available
 from cocodet.units import MiB
 from cocodet.errors import UserError
-from cocodet.data.coco import BadSampleError, CocoIndex, Source, _clip_targets, load_resized
+from cocodet.data.coco import BadSampleError, CocoIndex
+from cocodet.data.read import Source, clip_targets, load_resized
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
 
@@ -128,7 +129,7 @@ class PixelCache:
         h, w = (int(x) for x in self.shapes[k])
         image = self.pixels[self.offsets[k]:self.offsets[k + 1]].reshape(h, w, 3)
         oh, ow = (int(x) for x in self.orig_hw[k])
-        boxes, labels = _clip_targets(index, k, oh, ow)
+        boxes, labels = clip_targets(index, k, oh, ow)
         scale = float(self.scales[k])
         return Source(image, boxes * np.float32(scale), labels, (oh, ow), scale)
 

@@ -8,7 +8,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cocodet.data.coco import BadSampleError, CocoIndex, load_raw
+from cocodet.data.coco import BadSampleError, CocoIndex
+from cocodet.data.read import load_raw
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ from tqdm import tqdm
 from cocodet.errors import UserError
 from cocodet.data.augment import Letterbox
 from cocodet.data.bad_samples import append_records, skip_record
-from cocodet.data.coco import BadSampleError, decode_resized
+from cocodet.data.coco import BadSampleError
+from cocodet.data.decode import decode_resized
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.dataset import EpochSampler
 from cocodet.loader.flat_batch import restore, to_device

@@ -8,12 +8,19 @@ pixels, "category_id", "category", "score"}. The preprocessing is cocodet's vali
 path: decode (reduced JPEG decode when the image is at least 2x larger than the input),
 letterbox resize of the long side, grey padding bottom/right; boxes are mapped back by the
 resize scale and clipped to the image.
+
+Before any decode, the image's size is read from its header (JPEG, PNG; other formats through
+PIL's lazy open when PIL is installed): a file above ``--max-image-pixels`` (default
+178956970, PIL's own refusal size and cocodet's ``dataset.max_image_pixels``), such as a
+PNG of a few MB that would decode to gigabytes, is skipped with a line on stderr naming it.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import struct
 import sys
 from pathlib import Path
 
@@ -22,6 +29,8 @@ import numpy as np
 
 REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
            8: cv2.IMREAD_REDUCED_COLOR_8}
+DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
+SOF_MARKERS = (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
@@ -31,25 +40,59 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
         if data[i] != 0xFF:
             return None
         marker, length = data[i + 1], int.from_bytes(data[i + 2:i + 4], "big")
-        if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
+        if marker == 0xFF or marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # fill byte, markers without a length
+            i += 1 if marker == 0xFF else 2
+            continue
+        if marker in SOF_MARKERS:
             return int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big")
         i += 2 + length
     return None
 
 
-def preprocess(path: str, size: int, pad_value: int) -> tuple[np.ndarray, tuple[int, int], float]:
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) without decoding: JPEG, PNG, else PIL's lazy open if PIL is installed."""
+    if data[:2] == b"\xff\xd8":
+        return jpeg_size(data)
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return height, width
+    try:
+        from PIL import Image
+    except ImportError:
+        return None
+    Image.MAX_IMAGE_PIXELS = None  # the limit applied is ours, below
+    try:
+        with Image.open(io.BytesIO(data)) as im:  # reads the header only
+            return im.size[1], im.size[0]
+    except Exception:  # noqa: BLE001 - not a format PIL knows; OpenCV will say what it is
+        return None
+
+
+def preprocess(path: str, size: int, pad_value: int,
+               max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, tuple[int, int], float]:
+    """The model's input for one file. Raises ValueError, undecoded, for an image whose header
+    is above ``max_pixels``, and for a file that is not a decodable image."""
     data = Path(path).read_bytes()
-    reduction, stored = 1, jpeg_size(data) if data[:2] == b"\xff\xd8" else None
-    if stored:
+    stored = header_size(data)
+    if stored and stored[0] * stored[1] > max_pixels:
+        raise ValueError(f"too large: the header says {stored[0]}x{stored[1]} = "
+                         f"{stored[0] * stored[1] / 1e6:.0f} MP, above --max-image-pixels={max_pixels}; not decoded")
+    reduction = 1
+    if stored and data[:2] == b"\xff\xd8":
         for factor in (8, 4, 2):
             if max(stored) // factor >= size:
                 reduction = factor
                 break
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), REDUCED[reduction] | cv2.IMREAD_IGNORE_ORIENTATION)
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), REDUCED[reduction] | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error as e:  # e.g. above OpenCV's own pixel limit
+        raise ValueError(f"OpenCV cannot decode it: {str(e).strip().splitlines()[-1]}") from None
     if image is None:
-        raise ValueError(f"{path}: not a decodable image")
+        raise ValueError(f"not a decodable image (first bytes {data[:8]!r})")
     image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
     h, w = image.shape[:2]
+    if h * w * reduction * reduction > max_pixels:  # a format whose header could not be read
+        raise ValueError(f"too large: decoded {h}x{w}, above --max-image-pixels={max_pixels}")
     orig = stored if reduction > 1 else (h, w)
     r = size / max(h, w)
     nh, nw = max(1, round(h * r)), max(1, round(w * r))
@@ -103,6 +146,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--score", type=float, default=0.0)
     p.add_argument("--out", help="write the JSON here instead of printing it")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
+    p.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS,
+                   help="skip, undecoded, an image whose header says it has more pixels (default %(default)s)")
     args = p.parse_args(argv)
     meta = json.loads(Path(args.meta or Path(args.model).with_name("model.json")).read_text())
     size, pad = meta["input"]["size"], meta["input"]["pad_value"]
@@ -110,7 +155,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     run = load_runner(args.model, args.device)
     results = []
     for path in args.images:
-        x, (h, w), scale = preprocess(path, size, pad)
+        try:
+            x, (h, w), scale = preprocess(path, size, pad, args.max_image_pixels)
+        except (OSError, ValueError) as e:  # one bad file does not end a folder's run
+            sys.stderr.write(f"skipped {path}: {getattr(e, 'strerror', None) or e}\n")
+            continue
         boxes, labels, scores = run(x)
         for box, label, score in zip(boxes, labels, scores):
             if int(label) == 0 or float(score) < args.score:

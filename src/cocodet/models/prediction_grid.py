@@ -19,7 +19,9 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from cocodet.data.coco import CocoIndex, decode_image, decode_reduction
+from cocodet.data.coco import CocoIndex
+from cocodet.data.decode import decode_checked
+from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +72,13 @@ def _panel(image: np.ndarray | None, tile_px: int) -> tuple[np.ndarray, float]:
     return panel, scale
 
 
-def _stored_image(index: CocoIndex, k: int, tile_px: int) -> tuple[np.ndarray | None, float]:
-    """Image k decoded (at a reduced size when that still covers the tile) and the factor from
-    stored pixels to decoded pixels; None for a file that cannot be read."""
+def _stored_image(index: CocoIndex, k: int, tile_px: int, max_pixels: int) -> tuple[np.ndarray | None, float]:
+    """Image k decoded through the guarded decode (at a reduced size when that still covers
+    the tile) and the factor from stored pixels to decoded pixels; None for a file that cannot
+    be read or that the header check refuses (drawn as "unreadable")."""
     try:
         data = Path(str(index.paths[k])).read_bytes()
-        reduction = decode_reduction(data, tuple(int(n) for n in index.sizes[k]), tile_px)
-        image = decode_image(data, reduction)
+        image = decode_checked(data, tuple(int(n) for n in index.sizes[k]), max_pixels, fit=tile_px).image
     except Exception as e:  # a bad sample is the loader's to report; the picture shows it
         log.debug("prediction grid: image %s unreadable (%s)", index.paths[k], e)
         return None, 0.0
@@ -84,9 +86,9 @@ def _stored_image(index: CocoIndex, k: int, tile_px: int) -> tuple[np.ndarray | 
 
 
 def draw_tile(index: CocoIndex, k: int, detections: list[dict], tile_px: int, score_threshold: float,
-              max_boxes: int) -> list[np.ndarray]:
+              max_boxes: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> list[np.ndarray]:
     """The two panels of image k's tile, captions included: ground truth, then predictions."""
-    image, to_decoded = _stored_image(index, k, tile_px)
+    image, to_decoded = _stored_image(index, k, tile_px, max_pixels)
     gt, image_id = index.targets(k), int(index.image_ids[k])
     names = dict(zip(index.category_ids.tolist(), index.category_names))
     label_of = {int(c): n + 1 for n, c in enumerate(index.category_ids.tolist())}
@@ -113,7 +115,7 @@ def draw_tile(index: CocoIndex, k: int, detections: list[dict], tile_px: int, sc
 
 
 def draw_grid(index: CocoIndex, detections: dict[int, list[dict]], images: int, cols: int, tile_px: int,
-              score_threshold: float, max_boxes: int) -> np.ndarray | None:
+              score_threshold: float, max_boxes: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray | None:
     """The RGB grid of the first ``images`` images of ``index`` that ``detections`` holds (None: none)."""
     picked = [k for k in range(len(index)) if int(index.image_ids[k]) in detections][:images]
     if not picked:
@@ -121,7 +123,8 @@ def draw_grid(index: CocoIndex, detections: dict[int, list[dict]], images: int, 
     height, width = grid_shape(len(picked), cols, tile_px)
     grid = np.full((height, width, 3), GAP_RGB, np.uint8)
     for tile, k in enumerate(picked):
-        panels = draw_tile(index, k, detections[int(index.image_ids[k])], tile_px, score_threshold, max_boxes)
+        panels = draw_tile(index, k, detections[int(index.image_ids[k])], tile_px, score_threshold, max_boxes,
+                           max_pixels)
         for p, panel in enumerate(panels):
             x, y = panel_origin(tile, p, cols, tile_px)
             grid[y:y + panel.shape[0], x:x + tile_px] = panel
@@ -151,8 +154,9 @@ class PredictionGrid(L.Callback):
         index = getattr(trainer.datamodule, "val_index", None) if trainer.datamodule is not None else None
         if trainer.sanity_checking or not trainer.is_global_zero or not detections or index is None:
             return
+        max_pixels = getattr(trainer.datamodule, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS)
         grid = draw_grid(index, detections, self.images, self.cols, self.tile_px, self.score_threshold,
-                         self.max_boxes)
+                         self.max_boxes, max_pixels)
         if grid is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
