@@ -77,6 +77,11 @@ def test_rank_zero_alone_writes_and_prints_the_summary(two_ranks):
     out = proc.stdout + proc.stderr
     for rank in (0, 1):
         assert f"loader plan for rank {rank} (local rank {rank} of 2 on this host, node 0)" in out
+        # The one rank reader (cocodet.ranks) answered as the trainer did, on both ranks.
+        assert (f"rank reader (lightning): rank {rank} of 2, local rank {rank} of 2; trainer: rank {rank} of 2: "
+                "they agree") in out
+    assert s["ranks"] == {"launcher": "lightning", "global_rank": 0, "world_size": 2, "local_world_size": 2,
+                          "agrees_with_trainer": True}
     assert "CPUs: host / per rank" in out and "/dev/shm: host free / rank budget" in out
     assert (run_dir / "train_ddp_process_1.log").is_file()
     # COCOeval ran once per validation, on rank 0.
@@ -156,13 +161,17 @@ def test_torchrun_launches_the_same_two_ranks(coco79, two_ranks, tmp_path):
     assert s["ddp"]["world_size"] == 2 and s["ddp"]["train_padded"] == 1
     assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
     assert "loader plan for rank 1 (local rank 1 of 2 on this host, node 0)" in proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert (f"rank reader (torchelastic): rank {rank} of 2, local rank {rank} of 2; trainer: rank {rank} of 2: "
+                "they agree") in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env,label,ranks", [
-    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS_PER_NODE": "2"},
+    ({"SLURM_NTASKS": "6", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS_PER_NODE": "2"},
      "loader plan for rank 5 (local rank 1 of 2 on this host, node 2)", 2),
-    ({"RANK": "3", "LOCAL_RANK": "3", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4"},
+    ({"TORCHELASTIC_RUN_ID": "r", "RANK": "3", "LOCAL_RANK": "3", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4",
+      "WORLD_SIZE": "4"},
      "loader plan for rank 3 (local rank 3 of 4 on this host, node 0)", 4),
 ])
 def test_a_launchers_rank_variables_reach_the_plan(env, label, ranks, synthetic_root, tmp_path):

@@ -30,7 +30,7 @@ OLD_TARGETS = ["cocodet.bench.callback.LoaderTimingCallback", "cocodet.data.augm
                "cocodet.data.augment.Letterbox", "cocodet.data.augment.Mosaic",
                "cocodet.data.datamodule.CocoDataModule", "cocodet.models.detector.DetectorModule",
                "cocodet.models.preemption.PreemptionCheckpoint", "cocodet.models.zoo.build_detector"]
-BOTTOM = {"errors", "sample"}
+BOTTOM = {"errors", "sample", "ranks"}
 
 
 def module_name(path: Path) -> str:

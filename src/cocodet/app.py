@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from cocodet.config import validate
 from cocodet.errors import DiskFull
 from cocodet.loader.resources import raise_nofile_limit
 from cocodet.modes import MODE_TABLE
-from cocodet.modes.wiring import build_plan
+from cocodet.modes.wiring import build_plan, run_ranks
 
 
 def run(cfg: DictConfig) -> dict:
@@ -31,10 +30,10 @@ def run(cfg: DictConfig) -> dict:
     try:
         summary = mode_function(str(cfg.mode))(cfg, plan, resources, run_dir)
     except DiskFull as e:  # the summary as far as the run got, then the one error line (cli)
-        if e.summary is not None and _global_rank() == 0:
+        if e.summary is not None and run_ranks(cfg).global_rank == 0:
             write_summary(run_dir, e.summary)
         raise
-    if _global_rank() == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
+    if run_ranks(cfg).global_rank == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
         write_summary(run_dir, summary)
     return summary
 
@@ -43,22 +42,6 @@ def mode_function(mode: str):
     """The function that runs ``mode`` (its module imported now)."""
     module, name = MODE_TABLE[mode].split(":")
     return getattr(importlib.import_module(module), name)
-
-
-def _global_rank() -> int:
-    """This process's rank: Lightning's (set in the ranks it launches) once a mode imported it,
-    else the launcher's variables, read in Lightning's order; mode=plan never imports Lightning."""
-    lightning = sys.modules.get("lightning.pytorch.utilities.rank_zero")
-    if lightning is not None:
-        return int(getattr(lightning.rank_zero_only, "rank", 0) or 0)
-    for key in RANK_VARIABLES:
-        if os.environ.get(key):
-            return int(os.environ[key])
-    return 0
-
-
-# Where launchers put the global rank, in the order lightning_fabric's _get_rank reads them.
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:

@@ -57,20 +57,13 @@ def shm_space(shm_path: str) -> tuple[int | None, int | None]:
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
-def local_world_size(default: int = 1) -> int:
-    for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return max(1, default)
-
-
 def probe(shm_path: str = "/dev/shm", ranks_per_host: int = 1) -> HostResources:
-    """Read every resource the loader plan needs."""
+    """Read every resource the loader plan needs; ``ranks_per_host``: the local world size
+    (``cocodet.ranks.read_ranks``), the processes that share this host's CPUs and shm."""
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     quota = cgroup_cpu_limit()
     cpus = min(affinity, int(quota)) if quota else affinity
-    ranks = local_world_size(ranks_per_host)
+    ranks = max(1, ranks_per_host)
     total, free = shm_space(shm_path)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     maps = read_text_or_none(Path("/proc/sys/vm/max_map_count"))

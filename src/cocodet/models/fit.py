@@ -17,6 +17,7 @@ from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.policy import LoaderPlan
 from cocodet.models.evaluation import STAT_NAMES
 from cocodet.models.preemption import PreemptionCheckpoint
+from cocodet.ranks import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,9 @@ def seed_model_init(seed: int) -> None:
 
 
 def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, plan: LoaderPlan, *,
-        ckpt_path: str | None, weights_only: bool, shm_path: str) -> dict:
-    """Train, validating as configured; return the training summary."""
+        ckpt_path: str | None, weights_only: bool, shm_path: str, ranks: Ranks | None = None) -> dict:
+    """Train, validating as configured; return the training summary. ``ranks``: what
+    ``cocodet.ranks`` answered before the trainer existed, checked against the trainer's."""
     started = time.perf_counter()
     status, disk_full = "completed", None
     with explained_loader_failures(plan, shm_path=shm_path):
@@ -50,14 +52,11 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     last_checkpoint = next((c for c in checkpoints if not c.monitor), None)
     preemption = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
     if status == "preempted":
-        saved = preemption.saved_path if preemption else None
-        log.warning("preempted at step %d (epoch %d); %s", trainer.global_step, trainer.current_epoch,
-                    f"saved {saved}" if saved else "no checkpoint was written (no PreemptionCheckpoint callback)")
-        sys.stderr.write(f"preempted at step {trainer.global_step}: resume with the same command plus "
-                         f"ckpt_path=last hydra.run.dir={Path(trainer.default_root_dir).resolve()}\n")
+        report_preemption(trainer, preemption)
     timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
     metrics = module.last_metrics or {}
     best = best_checkpoint.best_model_score if best_checkpoint else None
+    rank_check = check_ranks(trainer, ranks) if ranks is not None else None
     finish_ranks(trainer)
     summary = {
         "mode": "train",
@@ -80,11 +79,21 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "on_failure": datamodule.replanner.on_failure,
         "replans": datamodule.replanner.records,
         "ddp": ddp,
+        "ranks": rank_check,
     }
     if disk_full is not None:
         disk_full.summary = {**summary, "error": str(disk_full)}
         raise disk_full
     return summary
+
+
+def report_preemption(trainer: L.Trainer, preemption: PreemptionCheckpoint | None) -> None:
+    """The log line and the resume command of a preempted run."""
+    saved = preemption.saved_path if preemption else None
+    log.warning("preempted at step %d (epoch %d); %s", trainer.global_step, trainer.current_epoch,
+                f"saved {saved}" if saved else "no checkpoint was written (no PreemptionCheckpoint callback)")
+    sys.stderr.write(f"preempted at step {trainer.global_step}: resume with the same command plus "
+                     f"ckpt_path=last hydra.run.dir={Path(trainer.default_root_dir).resolve()}\n")
 
 
 def close_progress_bars(trainer: L.Trainer) -> None:
@@ -96,6 +105,21 @@ def close_progress_bars(trainer: L.Trainer) -> None:
     for bar in list(vars(callback).values()) if callback is not None else []:
         if isinstance(bar, tqdm):
             bar.close()
+
+
+def check_ranks(trainer: L.Trainer, ranks: Ranks) -> dict:
+    """The rank reader's answers beside the trainer's, logged by every rank; a disagreement is
+    a warning (the plan divided this host's CPUs and shm by the reader's local world size)."""
+    agrees = (ranks.global_rank, ranks.world_size) == (trainer.global_rank, trainer.world_size)
+    line = (f"rank reader ({ranks.launcher}): rank {ranks.global_rank} of {ranks.world_size}, local rank "
+            f"{ranks.local_rank} of {ranks.local_world_size}; trainer: rank {trainer.global_rank} of {trainer.world_size}")
+    if agrees:
+        log.info("%s: they agree", line)
+    else:
+        log.warning("%s: they disagree, so the loader plan may have divided this host by the wrong number of ranks; "
+                    "report the launcher's environment variables", line)
+    return {"launcher": ranks.launcher, "global_rank": ranks.global_rank, "world_size": ranks.world_size,
+            "local_world_size": ranks.local_world_size, "agrees_with_trainer": agrees}
 
 
 def finish_ranks(trainer: L.Trainer) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cocodet.loader.policy import LoaderPlan
-from cocodet.modes.wiring import build_datamodule, build_module, build_trainer, resume_path
+from cocodet.modes.wiring import build_datamodule, build_module, build_trainer, resume_path, run_ranks
 
 
 def train(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
@@ -21,4 +21,4 @@ def train(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
     seed_model_init(int(cfg.seed))
     module = build_module(cfg, datamodule)
     return fit(build_trainer(cfg, run_dir), module, datamodule, plan, ckpt_path=ckpt, weights_only=weights_only,
-               shm_path=str(cfg.loader.shm_path))
+               shm_path=str(cfg.loader.shm_path), ranks=run_ranks(cfg))

@@ -16,6 +16,7 @@ from cocodet.loader.flat_layout import batch_bytes
 from cocodet.loader.policy import LoaderPlan, plan_loader, worker_request
 from cocodet.loader.replan import Replanner
 from cocodet.loader.resources import HostResources, local_ranks, probe, uses_cuda
+from cocodet.ranks import Ranks, read_ranks
 
 log = logging.getLogger(__name__)
 
@@ -32,27 +33,20 @@ def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
     resources = _probe(cfg)
     plan = plan_loader(policy, requested, prefetch_factor=int(cfg.loader.prefetch_factor), resources=resources,
                        **_plan_args(cfg))
-    log.info("loader plan%s:\n%s", _rank_label(plan.local_ranks), plan.table())
+    log.info("loader plan%s:\n%s", run_ranks(cfg).label(), plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)
     return plan, resources
 
 
-def _rank_label(local_ranks: int) -> str:
-    """' for rank R (local L of N, node K)' once a run has more than one process. Lightning
-    sets these variables in the ranks it launches; the launching process is rank 0."""
-    env = os.environ
-    node = int(env.get("NODE_RANK", env.get("GROUP_RANK", env.get("SLURM_NODEID", "0"))) or 0)
-    local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")) or 0)
-    rank = int(env.get("RANK", env.get("SLURM_PROCID", node * local_ranks + local)) or 0)
-    if local_ranks <= 1 and node == 0 and rank == 0:
-        return ""
-    return f" for rank {rank} (local rank {local} of {local_ranks} on this host, node {node})"
+def run_ranks(cfg: DictConfig) -> Ranks:
+    """This process's ranks as the trainer configured by ``cfg`` will see them (``cocodet.ranks``)."""
+    devices = local_ranks(cfg.trainer.get("devices", 1), uses_cuda(cfg.trainer.get("accelerator", "auto")))
+    return read_ranks(devices, int(cfg.trainer.get("num_nodes", 1) or 1))
 
 
 def _probe(cfg: DictConfig) -> HostResources:
-    ranks = local_ranks(cfg.trainer.get("devices", 1), uses_cuda(cfg.trainer.get("accelerator", "auto")))
-    return probe(shm_path=str(cfg.loader.shm_path), ranks_per_host=ranks)
+    return probe(shm_path=str(cfg.loader.shm_path), ranks_per_host=run_ranks(cfg).local_world_size)
 
 
 def _plan_args(cfg: DictConfig) -> dict:

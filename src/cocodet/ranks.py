@@ -1,0 +1,131 @@
+"""Which rank am I, and how many ranks share this host: answered once, the way Lightning 2.6.6
+will see it (design §7.3).
+
+Lightning picks the first cluster environment that detects itself, in this order
+(``AcceleratorConnector._choose_and_init_cluster_environment``): TorchElastic (torchrun),
+SLURM, LSF, MPI, else its own ``LightningEnvironment``. Each reads its own variables; reading
+them in another order, or mixing two launchers' variables, gives answers that disagree with
+the trainer's (a torchrun inside a SLURM allocation has both sets). Kubeflow's PyTorchJob is
+not detected by Lightning on its own and is left out here too.
+
+Bottom layer: imports nothing of cocodet, and not torch (``mode=plan`` never imports it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the run. ``launcher``: the environment Lightning would choose
+    ("torchelastic", "slurm", "lsf", "mpi" or "lightning")."""
+
+    global_rank: int
+    local_rank: int
+    node_rank: int
+    world_size: int
+    local_world_size: int
+    launcher: str
+
+    def label(self) -> str:
+        """' for rank R (local rank L of N on this host, node K)'; '' for a one-process run."""
+        if self.world_size <= 1 and self.local_world_size <= 1 and self.global_rank == 0:
+            return ""
+        return (f" for rank {self.global_rank} (local rank {self.local_rank} of {self.local_world_size} on this host, "
+                f"node {self.node_rank})")
+
+
+def read_ranks(devices: int = 1, num_nodes: int = 1, environ: Mapping[str, str] | None = None) -> Ranks:
+    """The ranks from the launcher's variables. ``devices`` and ``num_nodes`` are the trainer's
+    (processes per node and nodes): what Lightning's own launcher starts, and what its
+    ``LightningEnvironment`` derives the world from."""
+    env = os.environ if environ is None else environ
+    devices, num_nodes = max(1, int(devices)), max(1, int(num_nodes))
+    for detect, read in _ENVIRONMENTS:
+        if detect(env):
+            return read(env, devices, num_nodes)
+    return _lightning(env, devices, num_nodes)
+
+
+def _int(env: Mapping[str, str], key: str, default: int = 0) -> int:
+    value = str(env.get(key, "")).strip()
+    return int(value) if value.lstrip("-").isdigit() else default
+
+
+def _torchelastic(env, devices, num_nodes) -> Ranks:
+    # torch.distributed.is_torchelastic_launched(): TORCHELASTIC_RUN_ID is set.
+    world = _int(env, "WORLD_SIZE", devices * num_nodes)
+    return Ranks(_int(env, "RANK"), _int(env, "LOCAL_RANK"), _int(env, "GROUP_RANK"), world,
+                 _int(env, "LOCAL_WORLD_SIZE", devices), "torchelastic")
+
+
+def _slurm_detected(env) -> bool:
+    # lightning's _is_srun_used: SLURM_NTASKS set, and not an interactive allocation by job name.
+    return "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+
+def _slurm(env, devices, num_nodes) -> Ranks:
+    world = _int(env, "SLURM_NTASKS", 1)
+    # SLURM_NTASKS_PER_NODE may read "2", "2(x3)" or "2,1": this node's count is the first.
+    per_node = re.match(r"\d+", str(env.get("SLURM_NTASKS_PER_NODE", "")))
+    nodes = _int(env, "SLURM_NNODES", 1) or 1
+    local_world = int(per_node.group()) if per_node else max(1, world // nodes)
+    return Ranks(_int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"), _int(env, "SLURM_NODEID"), world,
+                 local_world, "slurm")
+
+
+_LSF_VARIABLES = {"LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"}
+
+
+def _lsf(env, devices, num_nodes) -> Ranks:
+    # The rank file lists one host per rank after the launch node's line (lightning's _read_hosts).
+    try:
+        with open(env["LSB_DJOB_RANKFILE"]) as f:
+            hosts = [ln.strip() for ln in f if ln.strip()][1:]
+    except OSError:
+        hosts = []
+    here = socket.gethostname()
+    order = list(dict.fromkeys(hosts))
+    node = order.index(here) if here in order else 0
+    local_world = hosts.count(here) or devices
+    return Ranks(_int(env, "JSM_NAMESPACE_RANK"), _int(env, "JSM_NAMESPACE_LOCAL_RANK"), node,
+                 _int(env, "JSM_NAMESPACE_SIZE", 1), local_world, "lsf")
+
+
+def _mpi_detected(env) -> bool:
+    # Lightning asks mpi4py for COMM_WORLD's size (> 1); importing it would initialise MPI, so
+    # the launcher's own size variables stand in, and only where mpi4py is installed.
+    size = _int(env, "OMPI_COMM_WORLD_SIZE", _int(env, "PMI_SIZE", 0))
+    return size > 1 and importlib.util.find_spec("mpi4py") is not None
+
+
+def _mpi(env, devices, num_nodes) -> Ranks:
+    world = _int(env, "OMPI_COMM_WORLD_SIZE", _int(env, "PMI_SIZE", 1))
+    rank = _int(env, "OMPI_COMM_WORLD_RANK", _int(env, "PMI_RANK"))
+    local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", _int(env, "MPI_LOCALRANKID"))
+    local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", _int(env, "MPI_LOCALNRANKS", devices))
+    return Ranks(rank, local, _int(env, "OMPI_COMM_WORLD_NODE_RANK", rank // max(1, local_world)), world,
+                 local_world, "mpi")
+
+
+def _lightning(env, devices, num_nodes) -> Ranks:
+    # Lightning's own launcher: the parent has no variables (it becomes local rank 0 of node 0);
+    # the ranks it starts get LOCAL_RANK and NODE_RANK; the global rank is node_rank * devices
+    # + local_rank and the world num_nodes * devices (DDPStrategy.set_world_ranks).
+    local = _int(env, "LOCAL_RANK")
+    node = _int(env, "NODE_RANK", _int(env, "GROUP_RANK"))
+    return Ranks(node * devices + local, local, node, devices * num_nodes, devices, "lightning")
+
+
+_ENVIRONMENTS = (
+    (lambda env: "TORCHELASTIC_RUN_ID" in env, _torchelastic),
+    (_slurm_detected, _slurm),
+    (lambda env: _LSF_VARIABLES <= set(env), _lsf),
+    (_mpi_detected, _mpi),
+)
