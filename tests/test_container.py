@@ -3,6 +3,10 @@ Kubernetes Job's environment produces. (scripts/container_check.sh builds and ru
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -62,3 +66,24 @@ def test_the_job_environment_gives_an_inherited_capped_plan(tmp_path, coco_tiny,
     assert s["source"] == "inherited" and s["requested"] == limit
     cpu = next(c for c in s["caps"] if c["name"] == "cpu")
     assert s["num_workers"] <= s["usable_cpus"] and (cpu["applied"] or s["usable_cpus"] >= limit)
+
+
+def kubernetes_validate(path) -> subprocess.CompletedProcess:
+    exe = shutil.which("kubernetes-validate") or str(Path(sys.executable).parent / "kubernetes-validate")
+    # --strict: a field the schema does not know (a typo, a field at the wrong level) fails too.
+    return subprocess.run([exe, "--strict", str(path)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("manifest", sorted(p.name for p in (REPO / "deploy" / "k8s").glob("*.yaml")))
+def test_kubernetes_manifests_validate_offline(manifest):
+    proc = kubernetes_validate(REPO / "deploy" / "k8s" / manifest)
+    assert proc.returncode == 0 and "passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_validator_refuses_a_misplaced_field(tmp_path):
+    job = yaml.safe_load(JOB.read_text())
+    job["spec"]["template"]["spec"]["containers"][0]["resource"] = {"limits": {"memory": "1Gi"}}  # not "resources"
+    bad = tmp_path / "job.yaml"
+    bad.write_text(yaml.safe_dump(job))
+    proc = kubernetes_validate(bad)
+    assert proc.returncode != 0 and "resource" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

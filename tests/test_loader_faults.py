@@ -90,17 +90,19 @@ def test_replan_in_64mb_shm_leaves_room_for_validation(coco_tiny, tmp_path):
 @pytest.mark.slow
 @needs_root
 def test_explicit_overcommit_warns_then_fails_with_shm_diagnosis(coco_tiny, tmp_path):
-    args = [*coco640(coco_tiny), "mode=bench", "loader=explicit", "loader.num_workers=8", "loader.prefetch_factor=4",
+    """A 16 MB /dev/shm is smaller than one batch (64 x 640 px, 75 MiB): the first batch a
+    worker ships cannot fit, so the failure is certain, never a matter of timing."""
+    args = [*coco640(coco_tiny), "mode=bench", "loader=explicit", "loader.num_workers=2", "loader.prefetch_factor=2",
             "bench.batches=3", "bench.warmup=0", "bench.decode_probe=0"]
-    proc, s = run_train(args, tmp_path / "x", prefix=shm_namespace(), check=False, timeout=900)
+    proc, s = run_train(args, tmp_path / "x", prefix=shm_namespace("16m"), check=False, timeout=900)
     out = proc.stdout + proc.stderr
     warn_at = out.find("expect 'Bus error'")
     assert warn_at >= 0, out[-3000:]
-    assert "8 workers x prefetch 4" in out and "MiB of shm" in out  # the warning gives the numbers
-    if proc.returncode != 0:  # it may survive by luck of timing; if it fails, it must say why
-        assert "LoaderFailure" in out and "/dev/shm ran out" in out and "64.0 MiB in all" in out, out[-4000:]
-        assert "--shm-size" in out and "loader.num_workers=0" in out
-        assert out.find("DataLoader failure") > warn_at
+    assert "2 workers x prefetch 2" in out and "MiB of shm" in out  # the warning gives the numbers
+    assert proc.returncode != 0 and s is None, out[-3000:]
+    assert "LoaderFailure" in out and "/dev/shm ran out" in out and "16.0 MiB in all" in out, out[-4000:]
+    assert "--shm-size" in out and "loader.num_workers=0" in out
+    assert out.find("DataLoader failure") > warn_at
 
 
 def test_inherited_env_count_is_capped_to_cpus(tmp_path, synthetic_root, monkeypatch):

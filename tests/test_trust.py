@@ -54,7 +54,9 @@ def jpeg_claiming(path: Path, height: int, width: int) -> None:
     path.write_bytes(bytes(data))
 
 
-HOSTILE_IDS = [90_000_000, 90_000_001, 90_000_002]  # above any COCO 2017 image id
+# The bomb's id is below any COCO 2017 image id, so it is image 0 (the index sorts by id): what
+# the bench's decode probe reads first. The others are above any.
+HOSTILE_IDS = [1, 90_000_001, 90_000_002]
 
 
 def hostile_dataset(coco_tiny: Path, root: Path) -> tuple[Path, dict, int]:
@@ -159,10 +161,10 @@ def test_hostile_images_do_not_raise_any_workers_memory(coco_tiny, tmp_path):
               "dataset.val_images=images", "dataset.val_ann=clean.json", "dataset.image_size=128",
               "dataset.on_bad_sample=skip", f"dataset.max_image_pixels={max_pixels}", "loader=explicit",
               "loader.num_workers=2", "loader.batch_size=4", "bench.batches=null", "bench.epochs=3",
-              "bench.decode_probe=0", "dataset.cache_dir=null"]
+              "bench.decode_probe=8", "dataset.cache_dir=null"]  # the probe reads images 0-7: the bomb first
     clean_kib, _ = _peak_rss_of_tree([*common, "dataset.train_ann=clean.json"], tmp_path / "clean")
     hostile_kib, s = _peak_rss_of_tree([*common, "dataset.train_ann=ann.json"], tmp_path / "hostile")
-    assert s["skipped_samples"] >= 3 and s["num_workers"] == 2
+    assert s["skipped_samples"] >= 3 and s["num_workers"] == 2 and s["decode_ms_per_image"] > 0
     records = [json.loads(ln) for ln in (tmp_path / "hostile" / "bad_samples.jsonl").read_text().splitlines()]
     assert {r["image_id"] for r in records} == set(HOSTILE_IDS)
     assert hostile_kib <= 1.5 * clean_kib, (hostile_kib, clean_kib)
@@ -184,18 +186,26 @@ def test_non_finite_boxes_are_dropped_at_indexing(coco_tiny, tmp_path):
     assert not (index.boxes[:, 2] - index.boxes[:, 0] > 5000).any()
 
 
-def test_verify_keeps_bad_images_out_of_sampling(coco_tiny, tmp_path):
+@pytest.mark.parametrize("mode", ["train", "bench"])
+def test_verify_keeps_bad_images_out_of_sampling_and_the_summary_counts_them(coco_tiny, tmp_path, mode):
     root, data = make_dataset(coco_tiny, tmp_path / "ds")
-    (root / "images" / data["images"][2]["file_name"]).write_bytes(b"not an image")
+    for k in (2, 5):
+        (root / "images" / data["images"][k]["file_name"]).write_bytes(b"not an image")
     write(root, data)
     args = ["dataset=coco", f"dataset.root={root}", "dataset.train_images=images", "dataset.train_ann=ann.json",
             "dataset.val_images=images", "dataset.val_ann=ann.json", "dataset.image_size=64", "dataset.verify=true",
             "dataset.on_bad_sample=skip", "loader.batch_size=4", "trainer.max_epochs=1", "trainer.limit_val_batches=1",
-            "callbacks=none", "logger=none", "loader=explicit", "loader.num_workers=0"]
+            "callbacks=none", "logger=none", "loader=explicit", "loader.num_workers=0", f"mode={mode}",
+            "bench.batches=null", "bench.epochs=1", "bench.warmup=0", "bench.decode_probe=0"]
     s = run_in_process(args, tmp_path / "run")
     train = s["bad_samples"]["train"]
-    assert train["excluded_by_verify"] == 1 and train["seen"] + train["skipped"] == len(data["images"])
-    assert train["seen"] == len(data["images"]) - 1  # never sampled, so nothing was replaced either
+    assert train["excluded_by_verify"] == 2 and train["skipped"] == 0  # never sampled, so nothing was replaced
+    assert train["seen"] + train["excluded_by_verify"] + train["skipped"] == train["images"] == len(data["images"])
+    if mode == "bench":  # beside the examples it counts, the summary says what it left out
+        assert s["excluded_by_verify"] == 2 and s["skipped_samples"] == 0
+        assert s["examples"] == len(data["images"]) - 2
+    records = [json.loads(ln) for ln in (tmp_path / "run" / "bad_samples.jsonl").read_text().splitlines()]
+    assert sorted(r["role"] for r in records if r["stage"] == "train") == ["excluded_by_verify"] * 2
 
 
 # --- hostile checkpoints ----------------------------------------------------------------------

@@ -52,3 +52,29 @@ def test_malformed_annotations_exit_2_naming_the_file(monkeypatch, tmp_path, cap
     assert run_entry(monkeypatch, tmp_path, "dataset=coco", f"dataset.root={root}") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "instances_train2017.json" in err[0] and "not COCO instances format" in err[0], err
+
+
+def config_groups() -> list[str]:
+    """Every config group the user can choose an option of: each folder of conf/ holding YAML
+    (nested ones such as model/optimizer and hydra/launcher included)."""
+    conf = REPO / "conf"
+    return sorted(str(d.relative_to(conf)) for d in conf.rglob("*") if d.is_dir() and any(d.glob("*.yaml")))
+
+
+def test_the_group_list_covers_the_defaults_list():
+    groups = config_groups()
+    for group in ("experiment", "debug", "augment", "dataset", "loader", "model", "model/optimizer", "trainer",
+                  "callbacks", "logger", "hydra/launcher"):
+        assert group in groups, groups
+
+
+@pytest.mark.parametrize("group", config_groups())
+def test_every_group_refuses_a_missing_option_naming_the_options(monkeypatch, tmp_path, capsys, group):
+    """A misspelled option runs nothing: one line with the group's options, exit status 2 (an
+    `optional` default would silently run the default configuration instead)."""
+    options = sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+    assert run_entry(monkeypatch, tmp_path, f"{group}={options[0]}x") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"Could not find '{group}/{options[0]}x'" in err[0], err
+    assert all(option in err[0] for option in options), err
+    assert not (tmp_path / "summary.json").exists()

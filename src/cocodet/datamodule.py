@@ -77,6 +77,7 @@ class CocoDataModule(L.LightningDataModule):
         self.bad_samples = BadSampleLedger(self.run_dir)
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
                                                        on_bad_sample, synthetic, cache_dir)
+        self.bad_samples.split_sizes = {"train": len(self.train_index), "val": len(self.val_index)}
         if verify:
             self._verify(on_bad_sample, max_image_pixels)
         self.val_ann_file = str(Path(root) / val_ann)

@@ -160,7 +160,10 @@ class _Bookkeeping:
         return {"batch_digest": self.digest.hexdigest() if self.digested else None, "digest_batches": self.digested,
                 "stage_ms_per_sample": {c[:-2]: round(1000 * stats[c], 3) for c in STATS_COLUMNS if c.endswith("_s")},
                 "pad_share": round(stats["pad_share"], 4), "decodes_per_sample": round(stats["decodes"], 3),
-                "skipped_samples": self.skipped}
+                "skipped_samples": self.skipped,
+                # dataset.verify's exclusions beside the reading skips: seen + both = the split (whole epochs)
+                "excluded_by_verify": self.bad_samples.excluded["train"] if self.bad_samples is not None else 0,
+                "bad_samples": self.bad_samples.summary() if self.bad_samples is not None else None}
 
 
 def _epoch_row(epoch: int, m: Measurement, before: int, workers: list) -> dict:

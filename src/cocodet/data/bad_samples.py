@@ -28,18 +28,20 @@ def append_records(run_dir: Path | None, stage: str, records) -> None:
 
 
 class BadSampleLedger:
-    """Seen and replaced samples per (stage, epoch), so that seen + skipped equals the split
-    size for every epoch; the records go to ``bad_samples.jsonl`` as batches arrive."""
+    """Seen and replaced samples per (stage, epoch), and the images ``dataset.verify`` kept out,
+    so that seen + excluded + skipped equals the split's size for every whole epoch; the
+    records go to ``bad_samples.jsonl`` as batches arrive."""
 
     def __init__(self, run_dir: Path | None):
         self.run_dir = run_dir
+        self.split_sizes: dict[str, int] = {}  # stage -> images in the annotation file (before verify)
         self.skipped: Counter = Counter()  # (stage, epoch) -> replaced primary samples
         self.seen: Counter = Counter()
         self.excluded: Counter = Counter()  # stage -> images dataset.verify kept out of sampling
 
     def exclude(self, stage: str, records: list[dict]) -> None:
-        """Images found bad before the run (``dataset.verify``): never sampled, and counted as
-        skipped in every epoch, so seen + skipped still equals the split's size."""
+        """Images found bad before the run (``dataset.verify``): never sampled, and counted apart
+        from the samples skipped while reading."""
         self.excluded[stage] += len(records)
         append_records(self.run_dir, stage, [{**r, "role": "excluded_by_verify"} for r in records])
 
@@ -53,15 +55,15 @@ class BadSampleLedger:
         return replaced
 
     def summary(self) -> dict:
-        """Per stage: seen/skipped of the last epoch (they add up to the split size) and all-epoch skips."""
+        """Per stage, of the last epoch: ``seen``, ``skipped`` while reading and
+        ``excluded_by_verify`` (a whole epoch: they add up to ``images``, the split's size),
+        and the reading skips of all epochs."""
         out = {}
         for stage in ("train", "val"):
             epochs = sorted(e for s, e in self.seen if s == stage)
             if epochs:
                 last = epochs[-1]
-                skipped = self.skipped[(stage, last)] + self.excluded[stage]
-                out[stage] = {"epoch": last, "seen": self.seen[(stage, last)], "skipped": skipped,
-                              "excluded_by_verify": self.excluded[stage],
-                              "skipped_all_epochs": sum(n for (s, _), n in self.skipped.items() if s == stage)
-                              + self.excluded[stage] * len(epochs)}
+                out[stage] = {"epoch": last, "images": self.split_sizes.get(stage), "seen": self.seen[(stage, last)],
+                              "skipped": self.skipped[(stage, last)], "excluded_by_verify": self.excluded[stage],
+                              "skipped_all_epochs": sum(n for (s, _), n in self.skipped.items() if s == stage)}
         return out

@@ -134,11 +134,16 @@ class DetectionDataset(torch.utils.data.Dataset):
         # no pool (a plain key): the whole dataset.
         others = [j for j in pool if j != i] or [i] if pool else None
         while len(partners) < wanted:
+            if others == []:  # every pool member is bad: the sample's own (good) image stands in
+                partners.append(primary)
+                continue
             j = int(others[rng.integers(len(others))]) if others else int(rng.integers(len(self.index)))
             try:
                 partners.append(load(j, timings))
             except BadSampleError as e:
                 skipped.append(self._skip_record(e, epoch, j, "mosaic_partner"))
+                if others is not None:  # a bad member is not drawn again (a pool of one would never end)
+                    others = [o for o in others if o != j]
                 if len(skipped) > MAX_REPLACEMENTS:
                     raise RuntimeError(f"too many bad mosaic partners around index {i}: {skipped[-1]}") from e
         t0 = time.perf_counter()
