@@ -1,4 +1,4 @@
-"""Determinism contract (DESIGN §5) and box correctness through the train recipe."""
+"""Determinism contract (design §5) and box correctness through the train recipe."""
 
 from __future__ import annotations
 

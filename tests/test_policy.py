@@ -1,4 +1,4 @@
-"""The pure loader policy: one test per branch (DESIGN §3)."""
+"""The pure loader policy: one test per branch (design §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact mid-epoch resume and preemption, with real processes and real signals (DESIGN §5)."""
+"""Exact mid-epoch resume and preemption, with real processes and real signals (design §5)."""
 
 from __future__ import annotations
 

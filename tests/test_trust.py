@@ -1,4 +1,4 @@
-"""Trust nothing that arrives (DESIGN §7): images sized from their headers before a decode,
+"""Trust nothing that arrives (design §8): images sized from their headers before a decode,
 checkpoints that cannot run code, caches that verify themselves. Real files, real processes."""
 
 from __future__ import annotations

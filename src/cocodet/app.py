@@ -45,7 +45,7 @@ def mode_function(mode: str):
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    """summary.json in the run dir, and the same object as the last line on stdout (DESIGN §2)."""
+    """summary.json in the run dir, and the same object as the last line on stdout (design §2)."""
     text = json.dumps(summary, default=str)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ class CocoDataModule(L.LightningDataModule):
         image_size: letterboxed side (validation) and the train recipe's output side.
         recipe: the train augmentation (validation is always letterbox only).
         batch_size, val_batch_size: images per batch (val defaults to batch_size).
-        seed: the data stream's seed (DESIGN §5).
+        seed: the data stream's seed (design §5).
         plan: the loader plan (worker count and settings) for this rank.
         replanner: what to do when workers die of a resource (``loader/replan.py``); None:
             never re-plan (failures propagate and are explained).
@@ -107,7 +107,7 @@ class CocoDataModule(L.LightningDataModule):
         self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
         self._pin_checked = False
         self.first_batch_pinned: bool | None = None  # None: no batch went to CUDA
-        self.stream = StreamLedger(batch_size, seed)  # position, digest, consumption (DESIGN §5)
+        self.stream = StreamLedger(batch_size, seed)  # position, digest, consumption (design §5)
 
     def _verify(self, on_bad_sample: str, max_image_pixels: int) -> None:
         """dataset.verify: scan every image once. With on_bad_sample=skip, the images found bad

@@ -1,4 +1,4 @@
-"""The bench harness (DESIGN §6): the timed loop over a loader, peaks of RSS and /dev/shm,
+"""The bench harness (design §10): the timed loop over a loader, peaks of RSS and /dev/shm,
 and controlled CPU work (``spin``). The wait/work statistics are ``timing.measurement``'s."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad-sample accounting (DESIGN §5): the record of a skipped image, the per-epoch counts, and
+"""Bad-sample accounting (design §6): the record of a skipped image, the per-epoch counts, and
 the one ``bad_samples.jsonl`` writer that training, ``mode=bench`` and ``mode=predict`` share."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Caches on disk that verify themselves (DESIGN §7), and the one atomic build both the index
+"""Caches on disk that verify themselves (design §8.3), and the one atomic build both the index
 and the pixel cache use.
 
 A cache is a folder: data files, then ``meta.json`` written last, holding the format, the key,

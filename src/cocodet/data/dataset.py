@@ -1,6 +1,6 @@
 """Map-style detection dataset: index -> image at the working resolution -> recipe.
 
-Determinism contract (DESIGN §5): sample i of epoch e draws everything (mosaic partners,
+Determinism contract (design §5): sample i of epoch e draws everything (mosaic partners,
 every transform, a bad sample's replacement) from ``np.random.default_rng((seed, e, i))``.
 The sampler hands out ``(epoch, i, pool)`` keys, so persistent workers learn the epoch with
 each key instead of from state that would stay behind in a worker replica.

@@ -1,4 +1,4 @@
-"""An image's size from its header, before any decode (DESIGN §7).
+"""An image's size from its header, before any decode (design §8.1).
 
 A PNG of a few MB whose header says 30000 x 30000 decodes to 2.7 GB; checking the size after
 decoding is too late. JPEG (the SOF marker) and PNG (IHDR) headers are read here; other

@@ -18,7 +18,7 @@ def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sa
                  replanner: "Replanner | None" = None, stage: str = "",
                  start: tuple[int, int] | None = None) -> torch.utils.data.DataLoader:
     """FlatBatch collate, worker hygiene and the plan's worker settings; batches never mix
-    epochs because the sampler's keys carry them (DESIGN §5). When the plan ships batches in
+    epochs because the sampler's keys carry them (design §5). When the plan ships batches in
     parts (``plan.part_images``), workers build parts and the loader joins them. With
     ``across_epochs``, workers run on into the next epoch instead of idling at each epoch's
     end. With a ``position``, a :class:`ResumableLoader` that checkpoints where the stream

@@ -1,4 +1,4 @@
-"""Flattened-batch transport (DESIGN §4).
+"""Flattened-batch transport (design §4).
 
 A natural detection batch is ~7 tensors per image; with torch's ``file_descriptor`` sharing
 strategy each storage crossing the worker boundary costs a shm segment, an fd and an mmap.
@@ -13,7 +13,7 @@ Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
     sample_keys  [B, 3] int64         — (epoch, index, image_id): the sampler's key and the image it gave
     to_original  [B, 3] float32       — (orig_h, orig_w, scale): output pixel / scale = stored pixel
     sample_stats [B, 6] float64       — STATS_COLUMNS: read, decode, augment, collate seconds, the pad
-                                        share and the images decoded (measurement, DESIGN §6; never
+                                        share and the images decoded (measurement, design §10; never
                                         reaches the model)
 Plus ``skipped``: plain records of bad samples replaced in this batch (no tensors), ``part``:
 (k, n) when this is part k of a batch shipped in n parts (joined by :class:`PartJoiner`), and

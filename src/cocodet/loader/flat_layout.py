@@ -1,4 +1,4 @@
-"""FlatBatch's layout in numbers, without torch: what the loader plan budgets (DESIGN §3, §4).
+"""FlatBatch's layout in numbers, without torch: what the loader plan budgets (design §3, §4).
 
 Kept apart from ``flat_batch`` so that ``mode=plan`` can size workers without importing torch.
 """

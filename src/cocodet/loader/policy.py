@@ -1,4 +1,4 @@
-"""The loader plan: how many workers, and why (DESIGN §3).
+"""The loader plan: how many workers, and why (design §3).
 
 ``plan_loader`` is a pure function of its arguments, so every branch is testable without
 a machine that has the condition. Sources:

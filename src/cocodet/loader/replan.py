@@ -30,7 +30,7 @@ PlanFn = Callable[[int, int], LoaderPlan]
 
 
 def default_on_failure(source: str) -> str:
-    """An explicit count is honoured (DESIGN §3): raise unless the user asks for replan."""
+    """An explicit count is honoured (design §3): raise unless the user asks for replan."""
     return "raise" if source == "explicit" else "replan"
 
 

@@ -1,4 +1,4 @@
-"""The train stream's ledger (DESIGN §5): where it stands, the digest of every batch the model
+"""The train stream's ledger (design §5): where it stands, the digest of every batch the model
 consumed, and which indices each epoch took, gathered across ranks under DDP.
 
 Saved in every checkpoint (plain types only, so it loads with ``weights_only=True``), so that

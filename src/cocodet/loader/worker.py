@@ -2,7 +2,7 @@
 
 Passing our own worker_init_fn turns Lightning's worker seeding off, so this seeds Python,
 numpy and torch itself. The data recipe does not use those generators (it draws from
-per-sample generators, DESIGN §5); seeding them keeps user code in workers reproducible.
+per-sample generators, design §5); seeding them keeps user code in workers reproducible.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reading a checkpoint file without trusting it (DESIGN §7).
+"""Reading a checkpoint file without trusting it (design §8.2).
 
 Checkpoints load with ``torch.load(weights_only=True)`` in every mode: tensors and plain
 containers only, so a file from a colleague or a model hub cannot run code. Everything cocodet

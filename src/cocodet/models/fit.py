@@ -1,4 +1,4 @@
-"""mode=train: fit a DetectorModule on the datamodule and summarise the run (DESIGN §2)."""
+"""mode=train: fit a DetectorModule on the datamodule and summarise the run (design §2)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def seed_model_init(seed: int) -> None:
     """Seed the generators a detector's weight init draws from (call before building it); the
-    data never uses them (DESIGN §5)."""
+    data never uses them (design §5)."""
     L.seed_everything(seed, workers=False, verbose=False)
 
 
@@ -98,7 +98,7 @@ def report_preemption(trainer: L.Trainer, preemption: PreemptionCheckpoint | Non
 
 def close_progress_bars(trainer: L.Trainer) -> None:
     """Close the bars a SIGTERM left open: tqdm would otherwise redraw them at interpreter exit,
-    after the summary, which must stay the last line on stdout (DESIGN §2)."""
+    after the summary, which must stay the last line on stdout (design §2)."""
     from tqdm import tqdm
 
     callback = trainer.progress_bar_callback

@@ -4,7 +4,7 @@ boundary, then let Lightning end the run; and ``ckpt_path=last`` to find it agai
 Lightning's own SIGTERM notifier sets ``trainer.received_sigterm`` and raises
 ``SIGTERMException`` after the current batch's hooks; this callback writes the checkpoint in
 that window (``on_train_batch_end``), so nothing trained is lost and the datamodule's
-position (DESIGN §5) makes the resumed run consume exactly the remaining batches. SLURM's
+position (design §5) makes the resumed run consume exactly the remaining batches. SLURM's
 requeue signal goes through Lightning's SLURM environment (``auto_requeue``), which saves
 its own ``hpc_ckpt_*.ckpt`` in the run directory; ``ckpt_path=last`` finds those too.
 """

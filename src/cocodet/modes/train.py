@@ -1,4 +1,4 @@
-"""mode=train: build the datamodule, the model and the Trainer, fit, summarise (DESIGN §2)."""
+"""mode=train: build the datamodule, the model and the Trainer, fit, summarise (design §2)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def cli_overrides() -> list[str]:
 
 
 def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
-    """Probe the host, then plan the workers for this rank (DESIGN §3)."""
+    """Probe the host, then plan the workers for this rank (design §3)."""
     policy, requested = worker_request(str(cfg.loader.policy), cfg.loader.get("num_workers"),
                                        list(cfg.loader.get("inherit_from", [])), cli_overrides(), dict(os.environ))
     resources = _probe(cfg)

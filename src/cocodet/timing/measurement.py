@@ -1,4 +1,4 @@
-"""The wait/work split (DESIGN §6), shared by ``mode=bench`` and the training callback.
+"""The wait/work split (design §10), shared by ``mode=bench`` and the training callback.
 
 Every step is split into *wait* (blocked in ``next(iterator)``) and *work* (the consumer,
 CUDA-synchronised before the clock is read). Warm-up batches are discarded; examples/s is
