@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 
 from cocodet.loader.flat_layout import batch_bytes
-from cocodet.loader.policy import MiB, plan_loader
+from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
+from cocodet.loader.policy import plan_loader
+from cocodet.units import MiB
 from cocodet.loader.resources import HostResources
 
 
@@ -24,9 +26,9 @@ def host(cores: int, ranks: int, shm_bytes: int, memory_bytes: int) -> HostResou
 
 
 def row(label: str, res: HostResources, batch: int, size: int) -> str:
-    plan = plan_loader("auto", None, batch, batch_bytes(batch, size), 2, res, cuda=True, partner_pool=8)
+    plan = plan_loader(LoaderRequest("auto"), BatchGeometry(batch, batch_bytes(batch, size), partner_pool=8), res, cuda=True)
     shipped = f"parts of {plan.part_images}" if plan.part_images else "whole batches"
-    applied = ", ".join(c["name"] for c in plan.caps if c["applied"]) or "none"
+    applied = ", ".join(c.name for c in plan.caps if c.applied) or "none"
     return (f"| {label} | {batch} x {size} px ({plan.batch_bytes / MiB:.1f} MiB) | {plan.usable_cpus} | "
             f"{plan.shm_budget_bytes / MiB:.1f} MiB | {plan.num_workers} | {plan.prefetch_factor} | {shipped} | "
             f"{plan.inflight_bytes / MiB:.1f} MiB | {plan.num_workers * res.local_world_size} | {applied} |")

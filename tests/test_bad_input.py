@@ -98,10 +98,11 @@ def test_bad_sample_skip_accounts_for_every_sample(kind, ds, tmp_path):
     root, data = ds
     reason = corrupt(kind, root, data)
     ann = write(root, data)
+    from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
     from cocodet.loader.policy import plan_loader
     from cocodet.loader.resources import probe
 
-    plan = plan_loader("explicit", 2, 4, 1 << 20, 2, probe(), cuda=False)
+    plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     dm = CocoDataModule(str(root), "images", ann.name, "images", ann.name, image_size=64,
                         recipe=Mosaic(64), batch_size=4, seed=0, plan=plan, on_bad_sample="skip",
                         run_dir=str(tmp_path))

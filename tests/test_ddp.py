@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_train
+from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
 from cocodet.loader.policy import plan_loader
 from cocodet.models.detector import merge_rank_detections
 from test_policy import host
@@ -138,12 +139,13 @@ def test_padded_repeats_are_merged_once_lowest_rank_first():
 
 
 def test_local_ranks_share_the_hosts_cpus_shm_and_memory():
-    one = plan_loader("auto", None, 64, 10 << 20, 2, host(), cuda=True)
-    eight = plan_loader("auto", None, 64, 10 << 20, 2, host(local_world_size=8, usable_cpus=1), cuda=True)
+    one = plan_loader(LoaderRequest("auto"), BatchGeometry(64, 10 << 20), host(), cuda=True)
+    eight = plan_loader(LoaderRequest("auto"), BatchGeometry(64, 10 << 20), host(local_world_size=8, usable_cpus=1),
+                        cuda=True)
     assert eight.local_ranks == 8 and eight.host_cpus == one.host_cpus
     assert eight.shm_budget_bytes == one.shm_budget_bytes // 8
-    memory = next(c for c in eight.caps if c["name"] == "memory")
-    assert "/ 8 local ranks" in memory["reason"]
+    memory = next(c for c in eight.caps if c.name == "memory")
+    assert "/ 8 local ranks" in memory.reason
     assert re.search(r"local ranks on this host\s+8\n", eight.table())
 
 

@@ -27,9 +27,10 @@ def test_classify_by_words_and_mapping_size(message, kind):
 
 def test_segfault_diagnosis_suggests_zero_then_one_worker():
     from cocodet.loader.diagnose import explain
+    from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
     from cocodet.loader.policy import plan_loader
     from cocodet.loader.resources import probe
 
-    plan = plan_loader("explicit", 2, 4, 1 << 20, 2, probe(), cuda=False)
+    plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     text = explain(RuntimeError("DataLoader worker (pid 12) is killed by signal: Segmentation fault."), plan)
     assert "loader.num_workers=0" in text and "1 worker" in text and "fork-safe" in text

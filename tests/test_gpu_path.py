@@ -16,6 +16,7 @@ from conftest import REPO
 from cocodet.loader.flat_batch import to_device
 from cocodet.timing.transfer import TransferTimer
 from cocodet.loader.flat_batch import FlatBatch
+from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
 from cocodet.loader.policy import plan_loader
 from cocodet.loader.resources import HostResources
 from cocodet.models.precision import choose_precision
@@ -48,8 +49,7 @@ def resources() -> HostResources:
 
 @pytest.mark.parametrize("cuda", [True, False])
 def test_pinning_only_when_batches_go_to_cuda(cuda):
-    plan = plan_loader("auto", None, batch_size=16, batch_bytes=1 << 20, prefetch_factor=2, resources=resources(),
-                       cuda=cuda)
+    plan = plan_loader(LoaderRequest("auto"), BatchGeometry(16, 1 << 20), resources(), cuda=cuda)
     assert plan.pin_memory is cuda
     assert plan.dataloader_kwargs()["pin_memory"] is cuda
 

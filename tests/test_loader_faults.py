@@ -155,11 +155,12 @@ def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
     from cocodet.data.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
     from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
+    from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
     from cocodet.loader.policy import plan_loader
     from cocodet.loader.resources import probe
 
     root = synthetic_root
-    plan = plan_loader("explicit", 2, 2, 1 << 20, 2, probe(), cuda=False)
+    plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(2, 1 << 20), probe(), cuda=False)
     dm = CocoDataModule(str(root), "train", "annotations/instances_train.json", "val", "annotations/instances_val.json",
                         image_size=64, recipe=Mosaic(64), batch_size=2, seed=0, plan=plan)
     loader = dm.train_dataloader()

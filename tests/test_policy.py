@@ -6,7 +6,10 @@ import dataclasses
 
 import pytest
 
-from cocodet.loader.policy import MAIN_PROCESS_HEADROOM, MiB, plan_loader
+from cocodet.loader.budget import MAIN_PROCESS_HEADROOM
+from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
+from cocodet.loader.policy import plan_loader
+from cocodet.units import MiB
 from cocodet.loader.resources import HostResources
 
 GiB = 1 << 30
@@ -19,18 +22,24 @@ def host(**changes) -> HostResources:
     return dataclasses.replace(base, **changes)
 
 
-def plan(policy="auto", requested=None, batch_size=16, batch_bytes=10 * MiB, prefetch=2, res=None, **kw):
-    return plan_loader(policy, requested, batch_size, batch_bytes, prefetch, res or host(), cuda=False, **kw)
+GEOMETRY = {f.name for f in dataclasses.fields(BatchGeometry)}
+
+
+def plan(policy="auto", requested=None, batch_size=16, batch_bytes=10 * MiB, prefetch=2, res=None, cuda=False, **kw):
+    """plan_loader with the request's and the geometry's fields given by name."""
+    geometry = BatchGeometry(batch_size, batch_bytes, **{k: v for k, v in kw.items() if k in GEOMETRY})
+    request = LoaderRequest(policy, requested, prefetch, **{k: v for k, v in kw.items() if k not in GEOMETRY})
+    return plan_loader(request, geometry, res or host(), cuda=cuda)
 
 
 def cap(p, name):
-    return next(c for c in p.caps if c["name"] == name)
+    return next(c for c in p.caps if c.name == name)
 
 
 def test_auto_is_min_cpus_and_batch():
     assert plan(batch_size=4).num_workers == 4
     assert plan(batch_size=64).num_workers == 8
-    assert plan().source == "auto" and not any(c["applied"] for c in plan().caps)
+    assert plan().source == "auto" and not any(c.applied for c in plan().caps)
 
 
 def test_auto_shm_cap_applies_with_reason():
@@ -38,7 +47,7 @@ def test_auto_shm_cap_applies_with_reason():
     # process holds), so train gets 80 MiB: (3 x 2 + 1) x 10 MiB. Validation takes the 30 MiB left.
     p = plan(batch_size=64, res=host(shm_free_bytes=200 * MiB))
     assert p.num_workers == 3 and (p.val.num_workers, p.val.prefetch_factor) == (1, 2)
-    assert cap(p, "shm")["applied"] and "held by the main process" in cap(p, "shm")["reason"]
+    assert cap(p, "shm").applied and "held by the main process" in cap(p, "shm").reason
     assert p.shm_split == {"budget": 100 * MiB, "train": 70 * MiB, "val": 30 * MiB}
     assert "shm split" in p.table() and "val loader" in p.table()
 
@@ -55,7 +64,7 @@ def test_shm_lowers_prefetch_before_dropping_workers():
     # one in the main process, not two in flight.
     p = plan(batch_size=64, batch_bytes=10 * MiB, res=host(shm_free_bytes=60 * MiB))
     assert (p.num_workers, p.prefetch_factor, p.part_images) == (1, 1, None)
-    assert "prefetch lowered to 1" in cap(p, "shm")["reason"]
+    assert "prefetch lowered to 1" in cap(p, "shm").reason
     assert p.inflight_bytes + p.batch_bytes + p.shm_split["val"] <= p.shm_budget_bytes
 
 
@@ -68,7 +77,7 @@ def test_batch_larger_than_shm_budget_ships_parts():
     assert p.part_images == 8 and p.part_images % 8 == 0
     assert 0 < p.inflight_bytes <= p.shm_budget_bytes
     assert p.inflight_bytes == p.num_workers * p.part_images * 79 * MiB // 64
-    assert "parts of 8 images" in cap(p, "shm")["reason"] and "--shm-size" in cap(p, "shm")["reason"]
+    assert "parts of 8 images" in cap(p, "shm").reason and "--shm-size" in cap(p, "shm").reason
     assert "parts of 8 images" in p.table()
     assert p.val.num_workers == 1 and p.val.part_images and p.shm_split["train"] + p.shm_split["val"] <= 32_000_000
     without_pool = plan(batch_size=64, batch_bytes=79 * MiB, res=host(shm_free_bytes=64 * 1000 * 1000))
@@ -79,7 +88,7 @@ def test_not_even_one_image_fits_loads_in_main_process():
     p = plan(batch_size=4, batch_bytes=40 * MiB, res=host(shm_free_bytes=8 * MiB))  # 10 MiB images, 4 MiB budget
     assert p.num_workers == 0 and p.prefetch_factor is None and not p.persistent_workers
     assert p.inflight_bytes == 0 and p.part_images is None
-    assert "--shm-size" in cap(p, "shm")["reason"]
+    assert "--shm-size" in cap(p, "shm").reason
     assert p.dataloader_kwargs() == {"num_workers": 0, "pin_memory": False}
 
 
@@ -96,20 +105,20 @@ def test_memory_cap_budgets_the_larger_val_batch():
     assert plan(batch_size=64, res=host(memory_available_bytes=room)).num_workers == 4
     p = plan(batch_size=64, res=host(memory_available_bytes=room), val_batch_bytes=100 * MiB)
     assert p.num_workers == 2  # 2 x 2 x (400 + 2 x 100) MiB fits, 3 would not
-    assert "100.0 MiB, the larger of the train and val batches" in cap(p, "memory")["reason"]
+    assert "100.0 MiB, the larger of the train and val batches" in cap(p, "memory").reason
 
 
 def test_no_shm_filesystem_is_not_capped():
     p = plan(batch_size=64, res=host(shm_free_bytes=None, shm_total_bytes=None))
     assert p.num_workers == 8 and p.shm_budget_bytes is None
-    assert not cap(p, "shm")["applied"] and "not capped" in cap(p, "shm")["reason"]
+    assert not cap(p, "shm").applied and "not capped" in cap(p, "shm").reason
 
 
 def test_memory_cap():
     # Persistent train and val workers are alive together: 3 of each fit.
     room = MAIN_PROCESS_HEADROOM + 2 * 3 * (400 * MiB + 2 * 10 * MiB)
     p = plan(batch_size=64, res=host(memory_available_bytes=room))
-    assert p.num_workers == 3 and cap(p, "memory")["applied"] and "train + val" in cap(p, "memory")["reason"]
+    assert p.num_workers == 3 and cap(p, "memory").applied and "train + val" in cap(p, "memory").reason
     p = plan(batch_size=64, res=host(memory_available_bytes=room), persistent_workers=False)
     assert p.num_workers == 6  # one set of workers at a time
     p = plan(batch_size=64, res=host(memory_available_bytes=MAIN_PROCESS_HEADROOM // 2))
@@ -118,9 +127,9 @@ def test_memory_cap():
 
 def test_inherited_is_a_ceiling_under_cpu_and_shm():
     p = plan("inherited", 64, batch_size=64, res=host(usable_cpus=2, affinity_cpus=2))
-    assert p.num_workers == 2 and p.source == "inherited" and cap(p, "cpu")["applied"]
+    assert p.num_workers == 2 and p.source == "inherited" and cap(p, "cpu").applied
     p = plan("inherited", 64, batch_size=64, res=host(usable_cpus=64, shm_free_bytes=200 * MiB))
-    assert p.num_workers == 3 and cap(p, "shm")["applied"]
+    assert p.num_workers == 3 and cap(p, "shm").applied
     assert plan("inherited", 3).num_workers == 3  # below every cap: honoured
 
 
@@ -139,8 +148,8 @@ def test_explicit_zero_sets_nothing_torch_rejects():
 
 def test_pin_memory_only_for_cuda():
     assert not plan().pin_memory
-    assert plan_loader("auto", None, 16, MiB, 2, host(), cuda=True).pin_memory
-    assert not plan_loader("auto", None, 16, MiB, 2, host(), cuda=True, pin_memory=False).pin_memory
+    assert plan("auto", None, 16, MiB, 2, host(), cuda=True).pin_memory
+    assert not plan("auto", None, 16, MiB, 2, host(), cuda=True, pin_memory=False).pin_memory
 
 
 def test_fd_warning_when_near_nofile():
@@ -170,7 +179,7 @@ def test_table_names_every_cap():
 
 
 def request(policy="auto", num_workers=None, overrides=(), environ=None):
-    from cocodet.loader.policy import worker_request
+    from cocodet.loader.worker_request import worker_request
 
     return worker_request(policy, num_workers, ["COCODET_NUM_WORKERS", "SLURM_CPUS_PER_TASK"], list(overrides),
                           environ or {})

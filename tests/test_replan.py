@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, run_train
 from cocodet.loader.flat_batch import chain_stream_digest
 from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
+from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
 from cocodet.loader.policy import plan_loader
 from cocodet.loader.replan import Replanner, next_rung
 from cocodet.loader.resources import probe
@@ -27,7 +28,7 @@ def datamodule(root, workers: int, **replanner_args):
     from cocodet.datamodule import CocoDataModule
 
     def plan_fn(n: int, prefetch: int):
-        return plan_loader("inherited", n, 4, 1 << 20, prefetch, probe(), cuda=False)
+        return plan_loader(LoaderRequest("inherited", n, prefetch), BatchGeometry(4, 1 << 20), probe(), cuda=False)
 
     plan = plan_fn(workers, 2)
     return CocoDataModule(str(root), "train", "annotations/instances_train.json", "val", "annotations/instances_val.json",
@@ -119,11 +120,11 @@ def test_a_replan_stops_the_other_loaders_workers_and_both_streams_stay_exact(sy
 
 def test_on_failure_defaults_to_raise_for_explicit_counts_only():
     res = probe()
-    explicit = plan_loader("explicit", 2, 4, 1 << 20, 2, res, cuda=False)
+    explicit = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), res, cuda=False)
     assert Replanner(explicit).on_failure == "raise"
     assert Replanner(explicit, on_failure="replan").on_failure == "replan"
     for policy in ("auto", "inherited"):
-        assert Replanner(plan_loader(policy, 2, 4, 1 << 20, 2, res, cuda=False)).on_failure == "replan"
+        assert Replanner(plan_loader(LoaderRequest(policy, 2, 2), BatchGeometry(4, 1 << 20), res, cuda=False)).on_failure == "replan"
 
 
 def test_on_failure_raise_ends_in_the_diagnosis(synthetic_root):
@@ -149,7 +150,7 @@ def test_gives_up_after_max_replans(synthetic_root):
 
 
 def test_a_samples_own_exception_is_never_retried():
-    plan = plan_loader("auto", None, 4, 1 << 20, 2, probe(), cuda=False)
+    plan = plan_loader(LoaderRequest("auto", None, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     replanner = Replanner(plan, lambda n, p: pytest.fail("re-planned a sample's own error"))
     own = RuntimeError("Caught BadSampleError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
                        "last):\n  ...\ncocodet.data.coco.BadSampleError: train2017/x.jpg: cannot decode")
@@ -164,10 +165,10 @@ def test_a_samples_own_exception_is_never_retried():
 
 def test_the_ladder_is_fewer_workers_then_prefetch_one_then_in_process():
     res = host()  # 8 CPUs, ample shm and memory: no cap cuts a rung short
-    rungs, plan = [], plan_loader("explicit", 8, 8, 1 << 20, 4, res, cuda=False)
+    rungs, plan = [], plan_loader(LoaderRequest("explicit", 8, 4), BatchGeometry(8, 1 << 20), res, cuda=False)
     while (rung := next_rung(plan)) is not None:
         rungs.append(rung)
-        plan = plan_loader("inherited", rung[0], 8, 1 << 20, rung[1], res, cuda=False)
+        plan = plan_loader(LoaderRequest("inherited", rung[0], rung[1]), BatchGeometry(8, 1 << 20), res, cuda=False)
     assert rungs == [(4, 4), (2, 4), (1, 4), (1, 1), (0, 1)]
 
 

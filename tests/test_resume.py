@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_train
-from cocodet.loader.build import ResumeError, StreamPosition
+from cocodet.loader.stream_position import ResumeError, StreamPosition
 from cocodet.models.preemption import find_last_checkpoint
 
 STEPS_PER_EPOCH = 10  # coco_tiny: 80 train images, batch 8

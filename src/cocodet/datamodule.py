@@ -23,9 +23,10 @@ from cocodet.data.pixel_cache import open_pixel_cache
 from cocodet.data.splits import load_splits
 from cocodet.data.verify import verify_indexes
 from cocodet.errors import UserError
-from cocodet.loader.build import StreamPosition, build_loader
+from cocodet.loader.build import build_loader
+from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.flat_batch import FlatBatch, restore, to_device
-from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.replan import Replanner
 from cocodet.loader.stream_ledger import StreamLedger
 from cocodet.timing.transfer import TransferTimer

@@ -20,7 +20,7 @@ from cocodet.datamodule import CocoDataModule
 from cocodet.data.dataset import EpochSampler
 from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, restore, to_device, update_digest
 from cocodet.loader.build import build_loader
-from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.plan_record import LoaderPlan
 
 log = logging.getLogger(__name__)
 

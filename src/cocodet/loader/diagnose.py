@@ -14,7 +14,7 @@ import signal
 from typing import Iterator
 
 from cocodet.loader.hang import worker_stacks
-from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.resources import probe
 from cocodet.units import mib
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from cocodet import schema
 from cocodet.loader.diagnose import LoaderFailure, explain, failure_kind
-from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.plan_record import LoaderPlan
 
 log = logging.getLogger(__name__)
 

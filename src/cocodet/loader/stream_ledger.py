@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cocodet.loader.build import StreamPosition
+from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.flat_batch import FlatBatch, chain_stream_digest
 
 

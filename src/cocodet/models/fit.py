@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from cocodet.errors import DiskFull
 from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
-from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.plan_record import LoaderPlan
 from cocodet.models.evaluation import STAT_NAMES
 from cocodet.models.preemption import PreemptionCheckpoint
 from cocodet.ranks import Ranks

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.plan_record import LoaderPlan
 from cocodet.modes.wiring import build_datamodule, build_module, device_of
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from cocodet.loader.policy import LoaderPlan
+from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.resources import HostResources
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cocodet.loader.flat_layout import batch_bytes
-from cocodet.loader.policy import LoaderPlan, plan_loader, worker_request
+from cocodet.loader.plan_record import BatchGeometry, LoaderPlan, LoaderRequest
+from cocodet.loader.policy import plan_loader
+from cocodet.loader.worker_request import worker_request
 from cocodet.loader.replan import Replanner
 from cocodet.loader.resources import HostResources, local_ranks, probe, uses_cuda
 from cocodet.ranks import Ranks, read_ranks
@@ -31,8 +33,8 @@ def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
     policy, requested = worker_request(str(cfg.loader.policy), cfg.loader.get("num_workers"),
                                        list(cfg.loader.get("inherit_from", [])), cli_overrides(), dict(os.environ))
     resources = _probe(cfg)
-    plan = plan_loader(policy, requested, prefetch_factor=int(cfg.loader.prefetch_factor), resources=resources,
-                       **_plan_args(cfg))
+    plan = plan_loader(loader_request(cfg, policy, requested, int(cfg.loader.prefetch_factor)), batch_geometry(cfg),
+                       resources, uses_cuda(cfg.trainer.get("accelerator", "auto")))
     log.info("loader plan%s:\n%s", run_ranks(cfg).label(), plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)
@@ -49,25 +51,31 @@ def _probe(cfg: DictConfig) -> HostResources:
     return probe(shm_path=str(cfg.loader.shm_path), ranks_per_host=run_ranks(cfg).local_world_size)
 
 
-def _plan_args(cfg: DictConfig) -> dict:
-    """plan_loader's arguments from the config, apart from the count, prefetch and host."""
-    loader, size = cfg.loader, int(cfg.dataset.image_size)
+def loader_request(cfg: DictConfig, policy: str, requested: int | None, prefetch: int) -> LoaderRequest:
+    """What the loader group asks, with the count and prefetch decided by the caller."""
+    loader = cfg.loader
     footprint_mb = loader.get("worker_footprint_mb")
-    return dict(batch_size=int(loader.batch_size), batch_bytes=batch_bytes(int(loader.batch_size), size),
-                cuda=uses_cuda(cfg.trainer.get("accelerator", "auto")), pin_memory=loader.pin_memory,
-                persistent_workers=bool(loader.persistent_workers),
-                worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
-                part_images=loader.get("part_images"), partner_pool=cfg.augment.get("partner_pool") or 0,
-                timeout_s=float(loader.get("timeout", 0)),
-                val_batch_bytes=batch_bytes(int(loader.val_batch_size), size) if loader.get("val_batch_size") else None,
-                val_batch_size=int(loader.val_batch_size) if loader.get("val_batch_size") else None)
+    return LoaderRequest(policy, requested, prefetch, pin_memory=loader.pin_memory,
+                         persistent_workers=bool(loader.persistent_workers),
+                         worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
+                         part_images=loader.get("part_images"), timeout_s=float(loader.get("timeout", 0)))
+
+
+def batch_geometry(cfg: DictConfig) -> BatchGeometry:
+    """The train and val batches the config makes, in images and FlatBatch bytes."""
+    loader, size = cfg.loader, int(cfg.dataset.image_size)
+    val = int(loader.val_batch_size) if loader.get("val_batch_size") else None
+    return BatchGeometry(int(loader.batch_size), batch_bytes(int(loader.batch_size), size), val_batch_size=val,
+                         val_batch_bytes=batch_bytes(val, size) if val else None,
+                         partner_pool=cfg.augment.get("partner_pool") or 0)
 
 
 def build_replanner(cfg: DictConfig, plan: LoaderPlan) -> Replanner:
     """loader.on_failure: the run's plan, and a smaller one planned against the host as
     probed at the failure (``loader/replan.py``)."""
     def plan_fn(workers: int, prefetch: int) -> LoaderPlan:
-        return plan_loader("inherited", workers, prefetch_factor=prefetch, resources=_probe(cfg), **_plan_args(cfg))
+        return plan_loader(loader_request(cfg, "inherited", workers, prefetch), batch_geometry(cfg), _probe(cfg),
+                           uses_cuda(cfg.trainer.get("accelerator", "auto")))
 
     return Replanner(plan, plan_fn, on_failure=cfg.loader.get("on_failure"),
                      max_replans=int(cfg.loader.get("max_replans", 3)), shm_path=str(cfg.loader.shm_path))
