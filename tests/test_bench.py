@@ -71,6 +71,7 @@ def test_sweep_report_and_plot(tmp_path, synthetic_root):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a throughput ratio on one pinned core: nothing else may share it
 def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
     """README's "Where the loop waits" tables, reduced: pinned to one core, 0 vs 4 workers."""
     rows = sweep(tmp_path / "s", synthetic_root, "bench.producer=sleep,spin", "loader.num_workers=0,4",

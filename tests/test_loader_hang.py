@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_train, synthetic_overrides
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a watchdog's timeout against elapsed time: alone
 
 
 @pytest.fixture(scope="module")

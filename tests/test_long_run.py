@@ -21,6 +21,7 @@ def series(rows: list[dict], key: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # per-epoch RSS and timing over 100 epochs: alone
 @pytest.mark.timeout(1500)
 def test_hundred_epochs_leak_no_fds_shm_or_memory(coco_tiny, tmp_path):
     probe = tmp_path / "probe.jsonl"
