@@ -92,6 +92,7 @@ def test_training_with_the_grid_holds_memory_and_names_the_file(trained):
     records = [json.loads(ln) for ln in (run_dir / "bad_samples.jsonl").read_text().splitlines()]
     assert {r["stage"] for r in records if r["file"].endswith("bomb.png")} == {"train", "val"}
     assert all("too large" in r["reason"] or "header size" in r["reason"] for r in records), records
+    print(f"peak RSS KiB: clean {clean_kib}, with the bomb {hostile_kib} ({hostile_kib / clean_kib:.2f}x)")
     assert hostile_kib <= 1.5 * clean_kib, (hostile_kib, clean_kib)
 
 
@@ -107,6 +108,7 @@ def test_predict_on_a_folder_holding_the_bomb_holds_memory(sets, trained):
     assert clean["bad_images"] == 0 and hostile["images"] == 4 and hostile["bad_images"] == 1
     [record] = [json.loads(ln) for ln in (run_dir / "bad_samples.jsonl").read_text().splitlines()]
     assert record["file"].endswith("bomb.png") and "too large" in record["reason"]
+    print(f"peak RSS KiB: clean {clean_kib}, with the bomb {hostile_kib} ({hostile_kib / clean_kib:.2f}x)")
     assert hostile_kib <= 1.5 * clean_kib, (hostile_kib, clean_kib)
 
 
@@ -124,6 +126,7 @@ def test_the_standalone_script_skips_the_bomb_undecoded(sets, trained):
     assert "skipped" in err and "bomb.png" in err and "too large" in err and "--max-image-pixels" in err, err
     assert not [r for r in hostile if r["file"].endswith("bomb.png")]
     assert sorted(r["file"].rsplit("/", 1)[-1] for r in hostile) == sorted(r["file"].rsplit("/", 1)[-1] for r in clean)
+    print(f"peak RSS KiB: clean {clean_kib}, with the bomb {hostile_kib} ({hostile_kib / clean_kib:.2f}x)")
     assert hostile_kib <= 1.5 * clean_kib, (hostile_kib, clean_kib)
     # The limit is the user's to raise: a lower one skips the real images too, by their headers.
     low = sorted(str(p) for p in sets["folders"]["clean"].iterdir())

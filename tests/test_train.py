@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_in_process, run_train, synthetic_overrides
+from conftest import REPO, run_in_process, run_train, synthetic_overrides
 
 
 def test_fast_dev_run_synthetic(tmp_path, synthetic_root, caplog):
@@ -50,11 +50,17 @@ def test_coco_tiny_one_epoch_prints_cocoeval(tmp_path, coco_tiny):
 
 @pytest.mark.slow
 def test_default_training_reaches_map50(tmp_path):
-    """`make train`'s run (the defaults, dataset generated in a temp dir): the end-to-end proof
-    that images, boxes, labels and evaluation line up."""
-    _, s = run_train([f"dataset.root={tmp_path / 'synthetic'}"], tmp_path / "run", timeout=1800)
+    """`make train`'s recipe (the defaults, dataset generated in a temp dir) for its first 2 of 6
+    epochs: the end-to-end proof that images, boxes, labels and evaluation line up. mAP@0.5
+    reads about 0.75 after 2 epochs and 0.88-0.90 after `make train`'s 6 (docs/benchmarks.md),
+    so 0.25 is far from noise; the 6 epochs themselves are measured by `make train`."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        assert compose(config_name="config").trainer.max_epochs == 6  # what make train runs
+    _, s = run_train([f"dataset.root={tmp_path / 'synthetic'}", "trainer.max_epochs=2"], tmp_path / "run", timeout=1800)
     assert s["map50"] >= 0.25, s
-    assert s["epochs"] == 6 and s["best_map"] is not None
+    assert s["epochs"] == 2 and s["best_map"] is not None
     assert (tmp_path / "run" / "val_predictions.png").stat().st_size > 0  # the last validation's grid
 
 

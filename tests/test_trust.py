@@ -167,6 +167,7 @@ def test_hostile_images_do_not_raise_any_workers_memory(coco_tiny, tmp_path):
     assert s["skipped_samples"] >= 3 and s["num_workers"] == 2 and s["decode_ms_per_image"] > 0
     records = [json.loads(ln) for ln in (tmp_path / "hostile" / "bad_samples.jsonl").read_text().splitlines()]
     assert {r["image_id"] for r in records} == set(HOSTILE_IDS)
+    print(f"peak RSS KiB: clean {clean_kib}, with the hostile images {hostile_kib} ({hostile_kib / clean_kib:.2f}x)")
     assert hostile_kib <= 1.5 * clean_kib, (hostile_kib, clean_kib)
 
 
