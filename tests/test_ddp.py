@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def two_ranks(coco79, tmp_path_factory) -> dict[int, tuple]:
         proc, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", f"loader.num_workers={w}"),
                             base / f"w{w}", timeout=900)
         runs[w] = (proc, s, base / f"w{w}")
-    return runs
+    yield runs
+    shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
 
 
 @pytest.mark.slow

@@ -63,7 +63,8 @@ def sets(coco_tiny, tmp_path_factory):
         if with_bomb:
             shutil.copy(root / "images" / "bomb.png", folder / "bomb.png")
         folders[name] = folder
-    return {"root": root, "base": base, "folders": folders}
+    yield {"root": root, "base": base, "folders": folders}
+    shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
 
 
 def dataset_args(sets, ann: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,11 @@ def weights(ckpt: str) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(coco_tiny, tmp_path_factory) -> dict:
-    _, s = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=2"),
-                     tmp_path_factory.mktemp("uninterrupted") / "run", timeout=900)
+    base = tmp_path_factory.mktemp("uninterrupted")
+    _, s = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=2"), base / "run", timeout=900)
     assert s["status"] == "completed" and s["steps"] == 3 * STEPS_PER_EPOCH
-    return s
+    yield s
+    shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ so predictions are taken at score 0 (all it outputs), which is what validation s
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,8 @@ def trained(tmp_path_factory):
     data = [f"dataset.root={root}", "dataset.synthetic.n_train=48", "dataset.synthetic.n_val=16"]
     _, s = run_train([*data, "trainer.max_epochs=2"], base / "train")
     assert s["status"] == "completed" and s["last_ckpt"]
-    return {"root": root, "data": data, "summary": s, "ckpt": s["last_ckpt"], "base": base}
+    yield {"root": root, "data": data, "summary": s, "ckpt": s["last_ckpt"], "base": base}
+    shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
 
 
 def use(trained, mode: str, name: str, *extra) -> dict:
