@@ -111,9 +111,9 @@ fi
 # Each part is a function run under `timeout` in a child bash (exported with its helpers).
 # shellcheck disable=SC2089,SC2090  # $pinned is a Python expression: its quotes are meant
 if [ "$rehearse" = cpu ]; then  # the same parts with what a CPU has in place of each CUDA piece
-    dev=cpu trainer=cpu pinned='s["first_batch_pinned"] is None' precision=32-true ddp=ddp_cpu backend=gloo
+    dev=cpu trainer=cpu pinned='s["first_batch_pinned"] is None' precision=32-true ddp=ddp_cpu backend=gloo fp16=32-true
 else
-    dev=cuda trainer=gpu pinned='s["first_batch_pinned"] is True' precision=bf16-mixed ddp=ddp backend=nccl
+    dev=cuda trainer=gpu pinned='s["first_batch_pinned"] is True' precision=bf16-mixed ddp=ddp backend=nccl fp16=16-mixed
 fi
 common=("trainer=$trainer" "$@")
 tiny=(dataset.image_size=256 loader.batch_size=8 trainer.limit_train_batches=5 trainer.limit_val_batches=2)
@@ -139,6 +139,11 @@ check_train() {
         check train "s['status'] == 'completed' and '${precision%%-*}' in s['precision'] and $pinned" &&
         field train '(s["precision"], "steps", s["steps"], "first batch pinned", s["first_batch_pinned"], "h2d ms", s["loader_wait"].get("h2d_mean_ms"))'
 }
+check_fp16() {  # the GradScaler's own skipped steps, counted apart from the health check's (design §12)
+    train fp16 "${common[@]}" "${tiny[@]}" trainer.max_epochs=1 "trainer.precision=$fp16" >/dev/null &&
+        check fp16 "s['status'] == 'completed' and s['health']['amp_skipped_steps'] <= s['steps']" &&
+        field fp16 '(s["precision"], "scaler skipped", s["health"]["amp_skipped_steps"], "of", s["steps"], "steps; non-finite skips", s["health"]["skipped_nonfinite_steps"])'
+}
 check_eval() {
     train eval mode=eval "${common[@]}" "${tiny[@]}" "ckpt_path=$ckpt" >/dev/null &&
         field eval '("map50", s["map50"], "backend", s["eval_backend"])'
@@ -160,14 +165,15 @@ check_ddp() {
         echo "DDP over $backend: 1 rank, $(field ddp 's["steps"]') steps"
 }
 # shellcheck disable=SC2090
-export python out ckpt dev pinned precision ddp backend
-export -f py train field check check_plan check_ratio check_train check_eval check_predict check_export check_ddp
+export python out ckpt dev pinned precision ddp backend fp16
+export -f py train field check check_plan check_ratio check_train check_fp16 check_eval check_predict check_export check_ddp
 run_part() { local name=$1 limit=$2 fn=$3; shift 3; part "$name" "$limit" bash -c "$fn"' "$@"' _ "$@"; }
 # Arrays do not cross `bash -c`: each function reads them from its own definition below.
 export_arrays="common=($(printf '%q ' "${common[@]}")); tiny=($(printf '%q ' "${tiny[@]}")); bench=($(printf '%q ' "${bench[@]}")); images=($(printf '%q ' "${images[@]}"))"
 run_part plan 90 "$export_arrays; check_plan"
 run_part loader_vs_preloaded 240 "$export_arrays; check_ratio"
 run_part train_bf16 240 "$export_arrays; check_train"
+run_part "train_fp16_$dev" 180 "$export_arrays; check_fp16"
 run_part "eval_$dev" 120 "$export_arrays; check_eval"
 run_part "predict_$dev" 120 "$export_arrays; check_predict"
 run_part "torchscript_$dev" 150 "$export_arrays; check_export torchscript"

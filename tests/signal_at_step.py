@@ -63,3 +63,29 @@ class ResourceProbe(L.Callback):
                "train_workers": workers(trainer.train_dataloader), "val_workers": workers(val) if val else {}}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+class NonFiniteLossAt(L.Callback):
+    """From optimizer step ``step``, for ``count`` steps, the detector's first loss term comes
+    out NaN, on rank ``rank`` only (None: every rank): what an overflow does to one rank's
+    forward pass."""
+
+    def __init__(self, step: int, count: int = 1, rank: int | None = None):
+        self.step, self.count, self.rank = step, count, rank
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        model = pl_module.model
+        hit = self.step <= trainer.global_step < self.step + self.count
+        hit = hit and (self.rank is None or trainer.global_rank == self.rank)
+        if hit and "forward" not in vars(model):
+            real = model.forward
+
+            def forward(*args, **kwargs):
+                losses = dict(real(*args, **kwargs))
+                first = next(iter(losses))
+                losses[first] = losses[first] * float("nan")
+                return losses
+
+            model.forward = forward
+        elif not hit and "forward" in vars(model):
+            del model.forward

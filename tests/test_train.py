@@ -61,6 +61,8 @@ def test_default_training_reaches_map50(tmp_path):
     _, s = run_train([f"dataset.root={tmp_path / 'synthetic'}", "trainer.max_epochs=2"], tmp_path / "run", timeout=1800)
     assert s["map50"] >= 0.25, s
     assert s["epochs"] == 2 and s["best_map"] is not None
+    assert s["health"]["warnings"] == [] and s["health"]["skipped_nonfinite_steps"] == 0, s["health"]
+    assert s["health"]["confident_predictions"] > 0
     assert (tmp_path / "run" / "val_predictions.png").stat().st_size > 0  # the last validation's grid
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cocodet.config import validate
-from cocodet.errors import DiskFull
+from cocodet.errors import RunStopped
 from cocodet.loader.resources import raise_nofile_limit
 from cocodet.modes import MODE_TABLE
 from cocodet.modes.wiring import build_plan, run_ranks
@@ -29,7 +29,7 @@ def run(cfg: DictConfig) -> dict:
     plan, resources = build_plan(cfg)
     try:
         summary = mode_function(str(cfg.mode))(cfg, plan, resources, run_dir)
-    except DiskFull as e:  # the summary as far as the run got, then the one error line (cli)
+    except RunStopped as e:  # a full disk, a diverged run: the summary as far as it got, then one error line (cli)
         if e.summary is not None and run_ranks(cfg).global_rank == 0:
             write_summary(run_dir, e.summary)
         raise

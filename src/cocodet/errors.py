@@ -13,10 +13,23 @@ class ConfigError(UserError, ValueError):
     """A config value outside what its key allows."""
 
 
-class DiskFull(UserError):
-    """A write ran out of space; what was there before is intact. ``summary``: the run's summary
-    as far as it got, printed on stdout before the one error line."""
+class RunStopped(UserError):
+    """A run that ended early for a reason the user can act on. ``summary``: the run's summary
+    as far as it got, printed on stdout (and written) before the one error line."""
 
     def __init__(self, message: str, summary: dict | None = None):
         super().__init__(message)
         self.summary = summary
+
+
+class DiskFull(RunStopped):
+    """A write ran out of space; what was there before is intact."""
+
+
+class TrainingStopped(RunStopped):
+    """The health checks ended training (design §12). ``status``: "diverged" (non-finite
+    losses) or "collapsed" (``model.health.on_collapse=stop``)."""
+
+    def __init__(self, message: str, status: str, summary: dict | None = None):
+        super().__init__(message, summary)
+        self.status = status

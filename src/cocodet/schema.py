@@ -22,6 +22,7 @@ BENCH_PRODUCERS = ("dataset", "sleep", "spin")
 EVAL_SPLITS = ("val", "train")
 EXPORT_FORMATS = ("torchscript", "onnx")
 EVAL_BACKENDS = ("faster", "pycocotools")
+ON_COLLAPSE = ("warn", "stop")
 
 # The dataset group's keys: the CocoDataModule arguments a config gives (its runtime arguments,
 # the recipe, plan, batch sizes, seed and run dir, come from other groups). A key outside this
@@ -111,6 +112,10 @@ RULES = (
     Rule("model.optimizer.lr", _number(1e-12), "a learning rate > 0"),
     Rule("model.eval_max_images", _int(1), "an integer >= 1, or null for every val image", optional=True),
     _choice("model.eval_backend", EVAL_BACKENDS),
+    Rule("model.health.max_nonfinite_steps", _int(1), "an integer >= 1 (non-finite steps in a row before the run stops)"),
+    Rule("model.health.flat_steps", _int(2), "an integer >= 2 (steps a loss term may stay at one value)"),
+    _choice("model.health.on_collapse", ON_COLLAPSE),
+    Rule("model.ema.decay", _number(0.0, 0.999999), "a decay in [0, 1), or null for no EMA weights", optional=True),
     Rule("augment.flip_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.mosaic_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.partner_pool", _int(2), "an integer >= 2, or null for partners from the whole dataset",

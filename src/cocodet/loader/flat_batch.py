@@ -183,8 +183,9 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
     """Rebuild torchvision-detector inputs on whatever device ``flat`` lives on.
 
     Returns float images in [0, 1] cropped to their valid size (views of one float copy of the
-    batch) and target dicts with ``boxes`` [n,4] float32, ``labels`` [n] int64, ``image_id`` and
-    ``to_original`` (orig_h, orig_w, scale) to map predictions back.
+    batch) and target dicts with ``boxes`` [n,4] float32, ``labels`` [n] int64, ``image_id``,
+    ``sample_key`` [2] (epoch, index: the sampler's key, for logs) and ``to_original``
+    (orig_h, orig_w, scale) to map predictions back.
     """
     images = flat.images.float().div_(255.0)
     sizes = flat.image_sizes.tolist()
@@ -193,7 +194,8 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
     labels = torch.split(flat.labels, counts)
     out_images = [images[k, :, :h, :w] for k, (h, w) in enumerate(sizes)]
     targets = [
-        {"boxes": boxes[k], "labels": labels[k], "image_id": flat.sample_keys[k, 2], "to_original": flat.to_original[k]}
+        {"boxes": boxes[k], "labels": labels[k], "image_id": flat.sample_keys[k, 2], "sample_key": flat.sample_keys[k, :2],
+         "to_original": flat.to_original[k]}
         for k in range(len(sizes))
     ]
     return out_images, targets

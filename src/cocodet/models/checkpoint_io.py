@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -20,13 +21,23 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from cocodet.errors import DiskFull
+from cocodet.models.health import nonfinite_tensors
 from cocodet.units import mib
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
+log = logging.getLogger(__name__)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        # Every checkpoint passes here (epoch ends, best, every_n_steps, SIGTERM): a state with a
+        # non-finite tensor (a BatchNorm statistic a NaN forward reached) is not written, so
+        # the file a resume or mode=eval reads stays the last finite state (design §12).
+        bad = nonfinite_tensors({k: checkpoint.get(k) for k in ("state_dict", "current_model_state")})
+        if bad:
+            log.warning("not writing checkpoint %s: %d tensors are not finite (%s); the previous file stays", path,
+                        len(bad), ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""))
+            return
         if "://" in str(path):  # object stores have their own atomic puts
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from functools import partial
 
 import lightning as L
@@ -13,6 +14,7 @@ import torch
 from cocodet import schema
 from cocodet.models.evaluation import (DEFAULT_BACKEND, STAT_NAMES, detections_to_coco, evaluate, load_ground_truth,
                                       to_original_frame)
+from cocodet.models.health import HealthConfig, StepHealth, TrainingStopped, agree, confident_count, warmup_steps
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +35,14 @@ class DetectorModule(L.LightningModule):
         eval_max_images: evaluate only the first N validation images (quick checks; the rest of
             the val batches are skipped without a forward pass). None: all.
         eval_backend: the COCOeval implementation, "faster" or "pycocotools" (equal to 1e-4).
+        health: :class:`~cocodet.models.health.HealthConfig` keys (non-finite steps, collapse).
+        ema: ``{"decay": float | None}``: EMA weights for validation and checkpoints, or off.
     """
 
     def __init__(self, detector: partial, image_size: int, optimizer: partial, val_ann_file: str,
                  category_ids: list[int], scheduler: partial | None = None, scheduler_interval: str = "step",
-                 eval_max_images: int | None = None, eval_backend: str = DEFAULT_BACKEND):
+                 eval_max_images: int | None = None, eval_backend: str = DEFAULT_BACKEND,
+                 health: dict | None = None, ema: dict | None = None):
         super().__init__()
         self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -54,6 +59,16 @@ class DetectorModule(L.LightningModule):
         self.last_coco_eval = None  # the last validation's COCOeval (mode=eval's tables and plot)
         self.last_detections: dict[int, list[dict]] = {}  # rank 0: every rank's, by image (prediction grid)
         self._resume_position: int | None = None
+        self.health = StepHealth(HealthConfig(**dict(health or {})))
+        self.ema_decay = schema.check("model.ema.decay", dict(ema or {}).get("decay"))
+        self._scale_before: float | None = None
+
+    def configure_callbacks(self):
+        if self.ema_decay is None:
+            return []
+        from cocodet.models.ema import EMAWeights
+
+        return [EMAWeights(self.ema_decay)]
 
     def forward(self, images):
         return self.model(images)
@@ -62,10 +77,66 @@ class DetectorModule(L.LightningModule):
         images, targets = batch
         losses = self.model(images, targets)
         loss = sum(losses.values())
-        bs = len(images)
-        self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
+        # One host sync for every term (the skip needs the values on the host anyway).
+        values = dict(zip(losses, torch.stack([v.detach().float() for v in losses.values()]).tolist()))
+        bad = [name for name, v in values.items() if not math.isfinite(v)]
+        if not bad:
+            self.health.watch_flat_terms(values, self.global_step)
+        # Every rank takes the same decision, or DDP's next gradient all-reduce would hang.
+        nonfinite, stop = agree([bool(bad), self.health.stop_reason is not None], self.device)
+        self.health.last_step_skipped = nonfinite
+        if nonfinite:
+            lr = self.learning_rate()
+            keys = [(*(int(x) for x in t["sample_key"].tolist()), int(t["image_id"])) for t in targets]
+            self.health.record_skip(self.global_step, self.current_epoch, bad, values, keys, lr)
+            if self.health.consecutive >= self.health.config.max_nonfinite_steps:
+                raise TrainingStopped(self.health.diverged_message(lr), "diverged")
+        else:
+            self.health.consecutive = 0
+            bs = len(images)
+            self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
+            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
+        if stop:
+            raise TrainingStopped(self.health.stop_reason or "collapse found on another rank (its log has the "
+                                  "warning); model.health.on_collapse=stop", "collapsed")
         return loss
+
+    def learning_rate(self) -> float:
+        return float(self.trainer.optimizers[0].param_groups[0]["lr"]) if self.trainer.optimizers else float("nan")
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """After backward (and fp16 unscaling), before clipping and the step. A skipped step
+        drops every gradient: torch's optimizers leave a parameter without one untouched (no
+        update, no momentum or weight decay, no step count), and so does the EMA."""
+        if self.health.last_step_skipped:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+            return
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        self._scale_before = float(scaler.get_scale()) if scaler is not None else None
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:  # the logging cadence only
+            grads = [p.grad.detach().float().norm() for g in optimizer.param_groups for p in g["params"]
+                     if p.grad is not None]
+            if grads:
+                self.log("train/grad_norm", torch.stack(grads).norm(), batch_size=1)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        # The fp16 GradScaler skips a step on its own when it finds inf gradients, and lowers its
+        # scale: counted apart from the health check's skips (a GPU-only event, gpu_check.sh).
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None and self._scale_before is not None and float(scaler.get_scale()) < self._scale_before:
+            self.health.amp_skipped += 1
+        self._scale_before = None
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        # The schedule follows the steps taken: a skipped step does not advance it.
+        if self.health.last_step_skipped and self.scheduler_interval == "step":
+            return
+        scheduler.step() if metric is None else scheduler.step(metric)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["cocodet_health"] = self.health.state_dict()
 
     def on_validation_epoch_start(self):
         self._by_image = {}
@@ -88,6 +159,10 @@ class DetectorModule(L.LightningModule):
             self._by_image.setdefault(image_id, detections_to_coco(
                 image_id, boxes, out["scores"].float().cpu().numpy()[keep], self.category_ids[labels - 1]))
 
+    def warmup_end(self) -> int:
+        configs = self.trainer.lr_scheduler_configs if self._trainer is not None else []
+        return max([warmup_steps(c.scheduler) for c in configs], default=0)
+
     def on_validation_epoch_end(self):
         """COCOeval once, on rank 0, over every rank's detections with padded repeats removed;
         its numbers are broadcast, so every rank logs (and selects checkpoints by) the same."""
@@ -106,29 +181,38 @@ class DetectorModule(L.LightningModule):
             stats = evaluate(self._gt, results, list(by_image), backend=self.eval_backend)
             self.last_coco_eval = stats.pop("coco_eval")
             report = stats.pop("report", "")
-            outcome = (stats, len(by_image), repeats)
+            confident = confident_count(results, self.health.config.score_threshold)
+            outcome = (stats, len(by_image), repeats, confident)
             if not self.trainer.sanity_checking:
-                log.info("COCOeval (epoch %d, %d images%s, %d detections; %s backend):\n%s", self.current_epoch,
-                         len(by_image), f", {repeats} padded repeats removed" if repeats else "", len(results),
-                         self.eval_backend, report)
+                log.info("COCOeval (epoch %d, %d images%s, %d detections, %d scoring >= %g; %s backend):\n%s",
+                         self.current_epoch, len(by_image), f", {repeats} padded repeats removed" if repeats else "",
+                         len(results), confident, self.health.config.score_threshold, self.eval_backend, report)
         if world > 1:
             box = [outcome]
             torch.distributed.broadcast_object_list(box, src=0)
             outcome = box[0]
-        stats, self.val_images_evaluated, self.val_repeats_removed = outcome
+        stats, self.val_images_evaluated, self.val_repeats_removed, confident = outcome
         if not self.trainer.sanity_checking:
             self.last_metrics = stats
         # Identical on every rank: "max" reduces them to the same value exactly.
         self.log_dict({f"val/{k}": stats[k] for k in STAT_NAMES if k != "map50"}, sync_dist=world > 1, reduce_fx="max")
         self.log("val/map50", stats["map50"], prog_bar=True, sync_dist=world > 1, reduce_fx="max")
+        self.log("val/confident_predictions", float(confident), sync_dist=world > 1, reduce_fx="max")
+        if not self.trainer.sanity_checking and self.trainer.state.fn == "fit":  # a run's validation, not mode=eval
+            self.health.watch_predictions(confident, self.global_step, self.warmup_end())
+            if self.health.stop_reason is not None:  # the same verdict on every rank (broadcast outcome)
+                raise TrainingStopped(self.health.stop_reason, "collapsed")
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # A schedule sized to the run's length (OneCycle total_steps, cosine T_max) is rebuilt for
         # this run's length and fast-forwarded, so a resumed run may also train longer than the
         # one that saved it; restoring the old state would end the schedule early and raise.
+        self.health.load_state_dict(checkpoint.get("cocodet_health") or {})
         states = checkpoint.get("lr_schedulers") or []
         if any("total_steps" in st or "T_max" in st for st in states):
-            step = checkpoint["global_step"] if self.scheduler_interval == "step" else checkpoint["epoch"]
+            # Skipped steps did not advance the schedule (lr_scheduler_step), nor do they here.
+            step = (checkpoint["global_step"] - self.health.skipped if self.scheduler_interval == "step"
+                    else checkpoint["epoch"])
             self._resume_position = int(step)
             checkpoint["lr_schedulers"] = []
 

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from cocodet.errors import DiskFull
+from cocodet.errors import DiskFull, TrainingStopped
 from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.plan_record import LoaderPlan
@@ -32,7 +32,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     """Train, validating as configured; return the training summary. ``ranks``: what
     ``cocodet.ranks`` answered before the trainer existed, checked against the trainer's."""
     started = time.perf_counter()
-    status, disk_full = "completed", None
+    status, stopped = "completed", None
     with explained_loader_failures(plan, shm_path=shm_path):
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path,
@@ -40,8 +40,8 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         except SIGTERMException:
             status = "preempted"
             close_progress_bars(trainer)
-        except DiskFull as e:  # the summary still reaches stdout, then the one error line
-            status, disk_full = "disk_full", e
+        except (DiskFull, TrainingStopped) as e:  # the summary still reaches stdout, then the one error line
+            status, stopped = getattr(e, "status", "disk_full"), e
             close_progress_bars(trainer)
     # Collective (every rank gathers), so before anything only rank 0 does.
     ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
@@ -80,11 +80,20 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "replans": datamodule.replanner.records,
         "ddp": ddp,
         "ranks": rank_check,
+        "health": module.health.summary() if hasattr(module, "health") else None,
     }
-    if disk_full is not None:
-        disk_full.summary = {**summary, "error": str(disk_full)}
-        raise disk_full
+    if stopped is not None:
+        raise with_summary(stopped, summary)
     return summary
+
+
+def with_summary(stopped: DiskFull | TrainingStopped, summary: dict) -> DiskFull | TrainingStopped:
+    """The error that ended the run, carrying the summary so far (and, for a health stop, the
+    checkpoint to go back to)."""
+    if isinstance(stopped, TrainingStopped):
+        stopped.args = (f"{stopped}; last checkpoint: {summary['last_ckpt'] or 'none was written before it'}",)
+    stopped.summary = {**summary, "error": str(stopped)}
+    return stopped
 
 
 def report_preemption(trainer: L.Trainer, preemption: PreemptionCheckpoint | None) -> None:

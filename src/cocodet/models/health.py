@@ -1,0 +1,179 @@
+"""Training health (design §12): a step whose loss is not finite on any rank is skipped on
+every rank, a run of them ends the run as diverged, and a collapse (a loss term frozen at one
+value, or no confident prediction after the warm-up) is named in a warning.
+
+:class:`StepHealth` holds the bookkeeping of one run; the module calls it. It decides nothing
+alone under DDP: each step's verdict is one small all-reduce (``[non-finite, stop]``, max over
+ranks), so every rank skips the same steps and stops at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from cocodet import schema
+from cocodet.errors import TrainingStopped  # noqa: F401 - raised by the module, re-exported
+
+log = logging.getLogger(__name__)
+
+SKIP_LOG_LIMIT = 20  # skipped steps logged and kept in the summary; later ones only counted
+
+
+@dataclass
+class HealthConfig:
+    max_nonfinite_steps: int = 5  # skipped steps in a row before the run stops as diverged
+    flat_steps: int = 50          # a loss term at one value (to flat_tolerance) this many steps: collapse
+    flat_tolerance: float = 1e-6
+    on_collapse: str = "warn"     # warn | stop
+    score_threshold: float = 0.3  # a "confident" prediction (the prediction grid's threshold)
+
+    def __post_init__(self):
+        schema.check("model.health.on_collapse", self.on_collapse)
+        schema.check("model.health.max_nonfinite_steps", self.max_nonfinite_steps)
+        schema.check("model.health.flat_steps", self.flat_steps)
+
+
+@dataclass
+class FlatTerm:
+    value: float
+    since_step: int
+    warned: bool = False
+
+
+@dataclass
+class StepHealth:
+    config: HealthConfig
+    consecutive: int = 0     # non-finite steps in a row, now
+    skipped: int = 0         # non-finite steps skipped in this run (a resume restores it)
+    skipped_steps: list[dict] = field(default_factory=list)
+    amp_skipped: int = 0     # steps the fp16 GradScaler skipped on its own (GPU only)
+    flat: dict[str, FlatTerm] = field(default_factory=dict)
+    warnings: list[dict] = field(default_factory=list)
+    confident_predictions: int | None = None  # at the last validation
+    stop_reason: str | None = None  # set on the step that must stop the run (collapse, stop mode)
+    last_step_skipped: bool = False  # this step's verdict (the optimizer, scheduler and EMA read it)
+
+    # -- one training step ---------------------------------------------------------------
+    def nonfinite_terms(self, losses: dict[str, torch.Tensor]) -> list[str]:
+        return [name for name, value in losses.items() if not bool(torch.isfinite(value.detach()).all())]
+
+    def watch_flat_terms(self, losses: dict[str, float], step: int) -> None:
+        """A term that stays within ``flat_tolerance`` of one value for ``flat_steps`` steps is
+        a collapse (the case seen: FCOS's box-regression loss exactly 1.000 from step 9 on,
+        and no boxes predicted)."""
+        for name, value in losses.items():
+            term = self.flat.get(name)
+            if term is None or abs(value - term.value) > self.config.flat_tolerance:
+                self.flat[name] = FlatTerm(value, step)
+                continue
+            if not term.warned and step - term.since_step + 1 >= self.config.flat_steps:
+                term.warned = True
+                self.warn("flat_loss", name, step,
+                          f"loss term {name} has stayed at {term.value:.6f} (within {self.config.flat_tolerance:g}) "
+                          f"for {step - term.since_step + 1} steps, from step {term.since_step} to step {step}: the "
+                          "model has likely collapsed (it stops learning from that term); try a lower learning "
+                          "rate (model.optimizer.lr), a longer warm-up (model.scheduler.pct_start) or model.ema.decay")
+
+    def record_skip(self, step: int, epoch: int, terms: list[str], losses: dict[str, float], keys: list, lr: float):
+        self.consecutive += 1
+        self.skipped += 1
+        if len(self.skipped_steps) < SKIP_LOG_LIMIT:
+            # Non-finite values as words: the summary is strict JSON (NaN is not).
+            shown = {k: (round(v, 6) if math.isfinite(v) else str(v)) for k, v in losses.items()}
+            entry = {"step": step, "epoch": epoch, "terms": terms, "losses": shown, "lr": lr, "samples": keys}
+            self.skipped_steps.append(entry)
+            log.warning("step %d skipped on every rank: non-finite loss (%s) at learning rate %.3g; losses %s; "
+                        "samples (epoch, index, image_id) %s", step, ", ".join(terms) or "on another rank", lr,
+                        shown, keys)
+
+    def diverged_message(self, lr: float) -> str:
+        recent = self.skipped_steps[-self.consecutive:] if self.consecutive <= len(self.skipped_steps) else []
+        steps = [e["step"] for e in recent] or ["?"]
+        terms = sorted({t for e in recent for t in e["terms"]}) or ["(another rank's)"]
+        return (f"training diverged: {self.consecutive} steps in a row had a non-finite loss "
+                f"(terms {', '.join(terms)}; steps {steps[0]}-{steps[-1]}; learning rate {lr:.3g}), so each was "
+                f"skipped and the run stopped at model.health.max_nonfinite_steps={self.config.max_nonfinite_steps} "
+                "(no checkpoint holds a skipped step's weights). Try a lower model.optimizer.lr, a longer warm-up "
+                "(model.scheduler.pct_start), trainer.gradient_clip_val, or precision 32-true if it was 16-mixed")
+
+    # -- one validation ------------------------------------------------------------------
+    def watch_predictions(self, confident: int, step: int, warmup_end: int) -> None:
+        self.confident_predictions = confident
+        warned = any(w["kind"] == "no_predictions" for w in self.warnings)  # once a run: the log says when it began
+        if confident == 0 and step >= warmup_end and not warned:
+            self.warn("no_predictions", "predictions", step,
+                      f"validation at step {step} (after the warm-up, which ended at step {warmup_end}) found no "
+                      f"prediction scoring at least {self.config.score_threshold} with a box of 1 px or more: the "
+                      "model has likely collapsed; try a lower learning rate (model.optimizer.lr), a longer warm-up "
+                      "or model.ema.decay")
+
+    def warn(self, kind: str, term: str, step: int, message: str) -> None:
+        self.warnings.append({"kind": kind, "term": term, "step": step, "message": message})
+        log.warning("collapse: %s", message)
+        if self.config.on_collapse == "stop" and self.stop_reason is None:
+            self.stop_reason = message
+
+    # -- summary and checkpoint ----------------------------------------------------------
+    def summary(self) -> dict:
+        return {"skipped_nonfinite_steps": self.skipped, "skipped": self.skipped_steps,
+                "amp_skipped_steps": self.amp_skipped, "confident_predictions": self.confident_predictions,
+                "warnings": self.warnings}
+
+    def state_dict(self) -> dict:
+        return {"skipped": self.skipped, "amp_skipped": self.amp_skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.skipped, self.amp_skipped = int(state.get("skipped", 0)), int(state.get("amp_skipped", 0))
+
+
+def agree(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag true on any rank is true on every rank (one all-reduce, max); a single
+    process returns them as they are."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flags
+    if torch.distributed.get_world_size() == 1:
+        return flags
+    tensor = torch.tensor([float(f) for f in flags], device=device)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return [bool(v) for v in tensor.tolist()]
+
+
+def warmup_steps(scheduler) -> int:
+    """The step at which a schedule's warm-up ends: OneCycle's ``pct_start`` share, a LinearLR
+    ramp's ``total_iters``, a SequentialLR's first milestone; 0 for a schedule without one."""
+    from torch.optim import lr_scheduler as sched
+
+    if isinstance(scheduler, sched.OneCycleLR):
+        return int(math.ceil(scheduler._schedule_phases[0]["end_step"]))
+    if isinstance(scheduler, sched.LinearLR):
+        return int(scheduler.total_iters)
+    if isinstance(scheduler, sched.SequentialLR):
+        return int(scheduler._milestones[0])
+    return 0
+
+
+def confident_count(detections: list[dict], threshold: float) -> int:
+    """COCO results (``bbox`` x, y, w, h in the original frame) scoring at least ``threshold``
+    with a box at least 1 px wide and high: FCOS keeps zero-area boxes, so a collapsed model
+    can still score."""
+    return sum(1 for d in detections if d["score"] >= threshold and d["bbox"][2] >= 1 and d["bbox"][3] >= 1)
+
+
+def nonfinite_tensors(state: dict) -> list[str]:
+    """The names of the floating tensors in a (nested) state that are not finite."""
+    bad: list[str] = []
+
+    def visit(prefix: str, value) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                bad.append(prefix)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                visit(f"{prefix}.{k}" if prefix else str(k), v)
+
+    visit("", state)
+    return bad
