@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,16 @@ def run_in_process(overrides: list[str], run_dir: Path) -> dict:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, f"output_dir={run_dir}"])
     return run(cfg)
+
+
+@pytest.fixture(scope="session")
+def default_recipe_run(tmp_path_factory):
+    """`make train`'s recipe (the defaults; the synthetic set generated in a temp dir) for its
+    first 2 of 6 epochs, trained once a session: test_train checks what it learnt,
+    test_use_checkpoint evaluates, predicts and exports with its checkpoint."""
+    base = tmp_path_factory.mktemp("default_recipe")
+    root = base / "synthetic"
+    _, s = run_train([f"dataset.root={root}", "trainer.max_epochs=2"], base / "run", timeout=1800)
+    yield {"root": root, "data": [f"dataset.root={root}"], "summary": s, "ckpt": s["last_ckpt"], "base": base,
+           "run_dir": base / "run"}
+    shutil.rmtree(base, ignore_errors=True)  # its checkpoints (about 0.2 GB each) go when the session ends

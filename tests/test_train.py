@@ -49,21 +49,22 @@ def test_coco_tiny_one_epoch_prints_cocoeval(tmp_path, coco_tiny):
 
 
 @pytest.mark.slow
-def test_default_training_reaches_map50(tmp_path):
+def test_default_training_reaches_map50(default_recipe_run):
     """`make train`'s recipe (the defaults, dataset generated in a temp dir) for its first 2 of 6
     epochs: the end-to-end proof that images, boxes, labels and evaluation line up. mAP@0.5
     reads about 0.75 after 2 epochs and 0.88-0.90 after `make train`'s 6 (docs/benchmarks.md),
-    so 0.25 is far from noise; the 6 epochs themselves are measured by `make train`."""
+    so 0.25 is far from noise; the 6 epochs themselves are measured by `make train`. The run is
+    the session's (conftest), whose checkpoint test_use_checkpoint uses."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         assert compose(config_name="config").trainer.max_epochs == 6  # what make train runs
-    _, s = run_train([f"dataset.root={tmp_path / 'synthetic'}", "trainer.max_epochs=2"], tmp_path / "run", timeout=1800)
+    s = default_recipe_run["summary"]
     assert s["map50"] >= 0.25, s
     assert s["epochs"] == 2 and s["best_map"] is not None
     assert s["health"]["warnings"] == [] and s["health"]["skipped_nonfinite_steps"] == 0, s["health"]
     assert s["health"]["confident_predictions"] > 0
-    assert (tmp_path / "run" / "val_predictions.png").stat().st_size > 0  # the last validation's grid
+    assert (default_recipe_run["run_dir"] / "val_predictions.png").stat().st_size > 0  # the last validation's grid
 
 
 def test_eval_max_images_limits_what_cocoeval_sees(tmp_path, synthetic_root, caplog):

@@ -1,13 +1,12 @@
 """A trained checkpoint used three ways: mode=eval, mode=predict, mode=export (+ its standalone script).
 
-One short training run (module fixture) serves every test; the detector is weak after it,
+One short training run (the session's run of make train's recipe) serves every test; the detector is weak after it,
 so predictions are taken at score 0 (all it outputs), which is what validation scores too.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,17 +21,14 @@ from cocodet.models.evaluation import evaluate, load_ground_truth
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    from cocodet.data.synthetic import ensure_synthetic
+N_VAL = 96  # the default synthetic set's val split
 
-    base = tmp_path_factory.mktemp("use")
-    root = ensure_synthetic(base / "ds", seed=0, n_train=48, n_val=16)
-    data = [f"dataset.root={root}", "dataset.synthetic.n_train=48", "dataset.synthetic.n_val=16"]
-    _, s = run_train([*data, "trainer.max_epochs=2"], base / "train")
-    assert s["status"] == "completed" and s["last_ckpt"]
-    yield {"root": root, "data": data, "summary": s, "ckpt": s["last_ckpt"], "base": base}
-    shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
+
+@pytest.fixture(scope="module")
+def trained(default_recipe_run):
+    """The session's run of make train's recipe (conftest), 2 epochs: its checkpoint."""
+    assert default_recipe_run["summary"]["status"] == "completed" and default_recipe_run["ckpt"]
+    return default_recipe_run
 
 
 def use(trained, mode: str, name: str, *extra) -> dict:
@@ -46,7 +42,7 @@ def test_eval_reproduces_the_last_validation(trained):
     assert train["map"] > 0
     for key in ("map", "map50", "map75", "map_small", "map_medium", "map_large"):
         assert s[key] == train[key], key
-    assert {"mar_1", "mar_10", "mar_100", "mar_large"} <= set(s) and s["images"] == 16
+    assert {"mar_1", "mar_10", "mar_100", "mar_large"} <= set(s) and s["images"] == N_VAL
     names = [r["name"] for r in s["per_category"]]
     assert sorted(names) == ["circle", "square", "triangle"]
     aps = [r["ap"] for r in s["per_category"]]
@@ -62,13 +58,13 @@ def test_predict_results_score_like_validation_and_standalone_export_matches(tra
     s = use(trained, "predict", "predict", f"predict.source={root / 'val'}", "predict.score_threshold=0",
             "predict.draw=true")
     results = json.loads(Path(s["predictions"]).read_text())
-    assert s["images"] == 16 and s["bad_images"] == 0 and len(results) >= 50
+    assert s["images"] == N_VAL and s["bad_images"] == 0 and len(results) >= 50
     # Scored by pycocotools here, by the default faster backend in training's validation: a
     # trained checkpoint's predictions, the two backends equal to 1e-4.
     gt = load_ground_truth(root / "annotations" / "instances_val.json", "pycocotools")
     assert trained["summary"]["eval_backend"] == "faster"
     assert evaluate(gt, results, backend="pycocotools")["map"] == pytest.approx(trained["summary"]["map"], abs=1e-4)
-    assert len(list(Path(s["drawn"]).glob("*.png"))) == 16
+    assert len(list(Path(s["drawn"]).glob("*.png"))) == N_VAL
 
     images = json.loads(Path(s["images_json"]).read_text())[:4]
     for fmt in ("torchscript", "onnx"):  # ONNX proven on fcos_resnet18_fpn (the default model)
@@ -129,18 +125,18 @@ def test_predict_handles_corrupt_grayscale_and_huge_images(trained, tmp_path):
 
 def test_two_rank_validation_equals_one_process(trained):
     """COCOeval on rank 0 over both ranks' detections, padded repeat removed: the numbers of
-    one process, on a val set that does not divide by two (15 of the 16 images)."""
+    one process, on a val set that does not divide by two (95 of the 96 images)."""
     gt = json.loads((trained["root"] / "annotations" / "instances_val.json").read_text())
-    keep = {im["id"] for im in gt["images"][:15]}
+    keep = {im["id"] for im in gt["images"][:N_VAL - 1]}
     gt["images"] = [im for im in gt["images"] if im["id"] in keep]
     gt["annotations"] = [a for a in gt["annotations"] if a["image_id"] in keep]
-    subset = trained["base"] / "instances_val15.json"
+    subset = trained["base"] / "instances_val95.json"
     subset.write_text(json.dumps(gt))
     common = [*trained["data"], "mode=eval", f"ckpt_path={trained['ckpt']}", f"dataset.val_ann={subset}",
               "trainer.enable_progress_bar=false"]
     _, one = run_train(common, trained["base"] / "eval1")
     proc, two = run_train([*common, "trainer=ddp_cpu"], trained["base"] / "eval2", timeout=900)
-    assert one["map"] > 0 and one["images"] == two["images"] == 15
+    assert one["map"] > 0 and one["images"] == two["images"] == N_VAL - 1
     assert one["padded_repeats_removed"] == 0 and two["padded_repeats_removed"] == 1
     for key in ("map", "map50", "map75", "map_small", "map_medium", "map_large", "mar_100"):
         assert round(two[key], 4) == round(one[key], 4), key
