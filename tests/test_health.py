@@ -149,3 +149,14 @@ def test_ema_weights_validate_save_and_resume_exactly(tmp_path, synthetic_root):
     for key in ("state_dict", "current_model_state", "averaging_state"):
         different = [k for k in saved[key] if not torch.equal(saved[key][k], resumed[key][k])]
         assert not different, (key, different[:5])
+
+
+def test_a_non_finite_state_is_never_written_over_the_last_checkpoint(tmp_path, caplog):
+    from cocodet.models.checkpoint_io import AtomicCheckpointIO
+
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 4}, path)
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "current_model_state": {"bn.running_var": torch.tensor(
+        [1.0, float("nan")])}, "global_step": 5}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 4  # the finite one stays
+    assert "not writing checkpoint" in caplog.text and "bn.running_var" in caplog.text
