@@ -30,7 +30,7 @@ bench: venv
 	$(PY) train.py mode=bench $(ARGS)
 
 # The fast suite runs in two test processes (pytest-xdist; one file per process at a time, so
-# module fixtures are built once): 272 tests in 134 s on 2 cores. The slow suite stays in one
+# module fixtures are built once): 279 tests in 255 s on 2 cores. The slow suite stays in one
 # process: its tests are CPU-bound trainings, and two at a time on 2 cores made each twice as
 # long (28 min for the parallel part, one 140-epoch test past its 900 s timeout), not the
 # whole faster. Tests marked serial measure time or load and must never share the cores.
