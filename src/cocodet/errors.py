@@ -15,7 +15,10 @@ class ConfigError(UserError, ValueError):
 
 class RunStopped(UserError):
     """A run that ended early for a reason the user can act on. ``summary``: the run's summary
-    as far as it got, printed on stdout (and written) before the one error line."""
+    as far as it got, printed on stdout (and written) before the one error line; ``status``:
+    the summary's status."""
+
+    status = "stopped"
 
     def __init__(self, message: str, summary: dict | None = None):
         super().__init__(message)
@@ -24,6 +27,8 @@ class RunStopped(UserError):
 
 class DiskFull(RunStopped):
     """A write ran out of space; what was there before is intact."""
+
+    status = "disk_full"
 
 
 class TrainingStopped(RunStopped):

@@ -14,7 +14,8 @@ import torch
 from cocodet import schema
 from cocodet.models.evaluation import (DEFAULT_BACKEND, STAT_NAMES, detections_to_coco, evaluate, load_ground_truth,
                                       to_original_frame)
-from cocodet.models.health import HealthConfig, StepHealth, TrainingStopped, agree, confident_count, warmup_steps
+from cocodet.errors import TrainingStopped
+from cocodet.models.health import HealthConfig, StepHealth, agree, confident_count, warmup_steps
 
 log = logging.getLogger(__name__)
 

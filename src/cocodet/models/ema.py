@@ -37,7 +37,6 @@ def ramped_ema(decay: float):
 class EMAWeights(WeightAveraging):
     def __init__(self, decay: float):
         super().__init__(use_buffers=True, multi_avg_fn=ramped_ema(decay))
-        self.decay = decay
         self._module = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from cocodet.errors import DiskFull, TrainingStopped
+from cocodet.errors import RunStopped, TrainingStopped
 from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.plan_record import LoaderPlan
@@ -40,8 +40,8 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         except SIGTERMException:
             status = "preempted"
             close_progress_bars(trainer)
-        except (DiskFull, TrainingStopped) as e:  # the summary still reaches stdout, then the one error line
-            status, stopped = getattr(e, "status", "disk_full"), e
+        except RunStopped as e:  # a full disk, a health stop: the summary still reaches stdout, then one error line
+            status, stopped = e.status, e
             close_progress_bars(trainer)
     # Collective (every rank gathers), so before anything only rank 0 does.
     ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
@@ -87,7 +87,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     return summary
 
 
-def with_summary(stopped: DiskFull | TrainingStopped, summary: dict) -> DiskFull | TrainingStopped:
+def with_summary(stopped: RunStopped, summary: dict) -> RunStopped:
     """The error that ended the run, carrying the summary so far (and, for a health stop, the
     checkpoint to go back to)."""
     if isinstance(stopped, TrainingStopped):

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import torch
 
 from cocodet import schema
-from cocodet.errors import TrainingStopped  # noqa: F401 - raised by the module, re-exported
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +57,6 @@ class StepHealth:
     last_step_skipped: bool = False  # this step's verdict (the optimizer, scheduler and EMA read it)
 
     # -- one training step ---------------------------------------------------------------
-    def nonfinite_terms(self, losses: dict[str, torch.Tensor]) -> list[str]:
-        return [name for name, value in losses.items() if not bool(torch.isfinite(value.detach()).all())]
-
     def watch_flat_terms(self, losses: dict[str, float], step: int) -> None:
         """A term that stays within ``flat_tolerance`` of one value for ``flat_steps`` steps is
         a collapse (the case seen: FCOS's box-regression loss exactly 1.000 from step 9 on,
