@@ -14,7 +14,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from cocodet.data.augment import Letterbox, Recipe
+from cocodet.data.recipe import Recipe
 from cocodet.data.bad_samples import BadSampleLedger
 from cocodet.data.coco import BadSampleError
 from cocodet.data.dataset import DetectionDataset, EpochSampler
@@ -49,26 +49,30 @@ class CocoDataModule(L.LightningDataModule):
         root: dataset folder; the split folders and annotation files are relative to it.
         train_images, train_ann, val_images, val_ann: the two splits.
         image_size: letterboxed side (validation) and the train recipe's output side.
-        recipe: the train augmentation (validation is always letterbox only).
+        recipe: the train augmentation; validation applies ``recipe.eval_recipe()`` (the
+            letterbox, or the model's evaluation resize for the reference presets).
         batch_size, val_batch_size: images per batch (val defaults to batch_size).
         seed: the data stream's seed (design §5).
         plan: the loader plan (worker count and settings) for this rank.
         replanner: what to do when workers die of a resource (``loader/replan.py``); None:
             never re-plan (failures propagate and are explained).
-        keep_empty: keep train images without objects as negatives.
+        keep_empty: keep train images without objects as negatives (True), drop them (False), or
+            apply torchvision's reference rule ("reference"); None: the recipe's default (True for
+            the letterbox family, "reference" for the reference presets).
         on_bad_sample: "raise" or "skip" (replace deterministically and record).
         verify: decode every image once at start and report problems (``verify.json``).
         synthetic: ``{seed, n_train, n_val}`` to generate the synthetic dataset at root first.
         cache_dir: where the flat indexes (and pixel caches) are kept (None: build indexes at every start).
         cache: "none", "ram" or "disk": read images at image_size from a pixel cache shared by
-            every worker and rank (``data/pixel_cache.py``) instead of decoding them.
+            every worker and rank (``data/pixel_cache.py``) instead of decoding them. Refused for
+            recipes that read stored pixels (the reference presets).
         run_dir: where ``bad_samples.jsonl`` and ``verify.json`` go.
         max_image_pixels: images whose header is larger are bad samples, never decoded.
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
                  image_size: int, recipe: Recipe, batch_size: int, seed: int, plan: LoaderPlan,
-                 val_batch_size: int | None = None, keep_empty: bool = True, on_bad_sample: str = "raise",
+                 val_batch_size: int | None = None, keep_empty: bool | str | None = None, on_bad_sample: str = "raise",
                  verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
                  cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None,
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
@@ -76,6 +80,12 @@ class CocoDataModule(L.LightningDataModule):
         self.run_dir = Path(run_dir) if run_dir else None
         self.max_image_pixels = max_image_pixels  # every decode of this run's files checks it (data/decode.py)
         self.bad_samples = BadSampleLedger(self.run_dir)
+        if cache != "none" and recipe.decode_size is None:
+            raise PixelCacheConfigError(
+                f"dataset.cache={cache} cannot hold what {type(recipe).__name__} reads: the pixel cache stores images "
+                f"letterboxed to dataset.image_size, and the reference presets read stored pixels (COCO train decoded: "
+                f"about 100 GB); use dataset.cache=none, or augment=mosaic|basic|none")
+        keep_empty = recipe.keep_empty if keep_empty is None else keep_empty
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
                                                        on_bad_sample, synthetic, cache_dir)
         self.bad_samples.split_sizes = {"train": len(self.train_index), "val": len(self.val_index)}
@@ -102,7 +112,8 @@ class CocoDataModule(L.LightningDataModule):
         # Both sets are read only through the FlatBatch collate, which copies every batch.
         self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample, train_pixels, reuse_outputs=True,
                                           max_image_pixels=max_image_pixels)
-        self.val_set = DetectionDataset(self.val_index, Letterbox(image_size), seed, on_bad_sample, val_pixels,
+        self.eval_recipe = recipe.eval_recipe()  # validation, mode=eval and mode=predict
+        self.val_set = DetectionDataset(self.val_index, self.eval_recipe, seed, on_bad_sample, val_pixels,
                                         reuse_outputs=True, max_image_pixels=max_image_pixels)
         self.transfer_timer = TransferTimer()  # train batches' host-to-device copies
         self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
@@ -125,10 +136,10 @@ class CocoDataModule(L.LightningDataModule):
                 self.bad_samples.exclude(split, problems[split])
 
     def validate_on_train_split(self) -> None:
-        """Make the validation loader read the train split (letterbox only): ``mode=eval
+        """Make the validation loader read the train split (validation's recipe): ``mode=eval
         eval.split=train``."""
         self.val_index, self.val_ann_file = self.train_index, self.train_ann_file
-        self.val_set = DetectionDataset(self.train_index, Letterbox(self.image_size), self.seed,
+        self.val_set = DetectionDataset(self.train_index, self.eval_recipe, self.seed,
                                         self.train_set.on_bad_sample, reuse_outputs=True,
                                         max_image_pixels=self.train_set.max_image_pixels)
 

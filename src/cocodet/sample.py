@@ -12,7 +12,7 @@ import numpy as np
 
 # One sample, as DetectionDataset, mode=predict and the bench's producers build it and the
 # FlatBatch collate reads it: the letterboxed or augmented HWC uint8 image, its xyxy boxes and
-# labels, the sampler's (epoch, index) key, the image id, (orig_h, orig_w, scale) to map boxes
+# labels, the sampler's (epoch, index) key, the image id, (orig_h, orig_w, scale_y, scale_x) to map boxes
 # back, read/decode/augment seconds, the padded share of the image, the decodes it took and
 # the records of bad samples replaced while building it.
 SAMPLE_FIELDS = ("image", "boxes", "labels", "key", "image_id", "to_original", "stage_seconds", "pad_share",

@@ -62,6 +62,14 @@ def _scale(v: Any) -> bool:
     return isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(0.05)(s) for s in v) and v[0] <= v[1]
 
 
+def _jitter(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(0.01)(s) for s in v) and v[0] <= v[1]
+
+
+def _sides(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(_int(32)(s) for s in v)
+
+
 def _one_of(options: tuple) -> tuple[Callable[[Any], bool], str]:
     words = [str(o).lower() if isinstance(o, bool) else str(o) for o in options]
     return (lambda v: any(v == o and type(v) is type(o) for o in options)), (
@@ -81,7 +89,8 @@ RULES = (
     Rule("dataset.root", lambda v: isinstance(v, str) and bool(v), "a folder path"),
     Rule("dataset.image_size", _int(32), "an integer >= 32 (pixels of the letterboxed side)"),
     _choice("dataset.on_bad_sample", ON_BAD_SAMPLE),
-    _choice("dataset.keep_empty", _BOOL),
+    _choice("dataset.keep_empty", (True, False, "reference"),
+            "for the recipe's default (true; reference with augment=hflip|multiscale|lsj)"),
     _choice("dataset.cache", CACHE_MODES),
     Rule("dataset.max_image_pixels", _int(1), "an integer >= 1 (pixels of the largest image read)"),
     _choice("loader.policy", LOADER_POLICIES),
@@ -123,6 +132,10 @@ RULES = (
     Rule("augment.translate", _number(0.0, 1.0), "a fraction of the image side in [0, 1]", optional=True),
     Rule("augment.min_visibility", _number(0.0, 1.0), "a fraction in [0, 1]", optional=True),
     Rule("augment.scale", _scale, "[low, high] with 0.05 <= low <= high", optional=True),
+    Rule("augment.scale_range", _jitter, "[low, high] with 0.01 <= low <= high (lsj's jitter factors)", optional=True),
+    Rule("augment.min_sizes", _sides, "a list of shorter sides (integers >= 32)", optional=True),
+    Rule("augment.max_size", _int(32), "an integer >= 32 (the longer side's limit)", optional=True),
+    Rule("augment.size", _int(32), "an integer >= 32 (lsj's output side)", optional=True),
 )
 _BY_KEY = {rule.key: rule for rule in RULES}
 

@@ -10,7 +10,6 @@ Every recipe returns a :class:`Sample` whose ``pad_share`` is computed from the 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import albumentations as A
 import cv2
@@ -18,20 +17,7 @@ import numpy as np
 
 from cocodet import schema
 
-PAD_VALUE = 114  # YOLO's grey: padding that looks like nothing in particular
-Raw = tuple[np.ndarray, np.ndarray, np.ndarray]  # rgb image, xyxy boxes, labels
-
-
-class Sample(NamedTuple):
-    """A recipe's output: HxWx3 uint8 image, [n,4] float32 xyxy boxes, [n] int64 labels,
-    ``scale`` (source pixels -> output pixels for letterbox recipes, used to map predictions
-    back; 1.0 for mosaic) and ``pad_share`` (fraction of output pixels no source covers)."""
-
-    image: np.ndarray
-    boxes: np.ndarray
-    labels: np.ndarray
-    scale: float
-    pad_share: float
+from cocodet.data.recipe import PAD_VALUE, Raw, Recipe, Sample  # noqa: F401  (the recipes' shared types)
 
 
 def letterbox_resize(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
@@ -90,24 +76,6 @@ def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, 
     if b <= a:
         return None
     return lo, hi, a, b
-
-
-class Recipe:
-    """A named transform over one sample and the partner samples it asked for."""
-
-    partner_pool = 0  # partners come from aligned runs of this many samples (0: no pools)
-
-    def __init__(self, image_size: int):
-        self.image_size = image_size
-
-    def partners(self, rng: np.random.Generator) -> int:
-        """How many extra raw samples this call will consume (drawn before any decode)."""
-        return 0
-
-    def __call__(self, raw: Raw, rng: np.random.Generator, partner_raws: list[Raw],
-                 out: np.ndarray | None = None) -> Sample:
-        """``out``: an image_size x image_size x 3 buffer the output may be written into."""
-        raise NotImplementedError
 
 
 class Letterbox(Recipe):

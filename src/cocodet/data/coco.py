@@ -136,8 +136,13 @@ def load_coco_json(ann_file: Path) -> dict:
     return data
 
 
-def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep_empty: bool = True) -> CocoIndex:
+def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep_empty: bool | str = True) -> CocoIndex:
     """Read a COCO instances file and build the compact index; refuse what cannot be repaired.
+
+    ``keep_empty``: True keeps images without a training box (negatives); False drops them;
+    "reference" applies torchvision's reference rule (``coco_utils.py``,
+    ``_coco_remove_images_without_annotations``): an image stays when it has an annotation,
+    crowd regions included, and not every annotation is at most 1 px wide or high.
 
     A direct parse into flat arrays: pycocotools' ``COCO()`` would also build dicts of every
     annotation and category that the loader never reads (``scripts/bench_index.py`` measures
@@ -161,8 +166,9 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
     images = sorted(data["images"], key=lambda im: im["id"])
     for img in tqdm(images, desc=f"indexing {ann_file.name}", unit="image", disable=len(images) < 20_000,
                     mininterval=2.0):
-        kept = _training_boxes(anns_of.get(img["id"], []), label_of, dropped)
-        if not kept and not keep_empty:
+        anns = anns_of.get(img["id"], [])
+        kept = _training_boxes(anns, label_of, dropped)
+        if not _image_stays(keep_empty, kept, anns):
             dropped["empty_image"] += 1
             continue
         path = resolve_inside(image_root, str(img.get("file_name", "")), real_dirs)
@@ -188,6 +194,13 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
         ann_file=str(ann_file),
         dropped=dropped,
     )
+
+
+def _image_stays(keep_empty: bool | str, kept: list, anns: list[dict]) -> bool:
+    """Whether an image enters the index under the ``keep_empty`` rule (see build_index)."""
+    if keep_empty == "reference":
+        return bool(anns) and not all(any(side <= 1 for side in a["bbox"][2:]) for a in anns)
+    return bool(kept) or bool(keep_empty)
 
 
 def _check_ids(data: dict, ann_file: Path) -> None:

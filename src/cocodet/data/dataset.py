@@ -25,6 +25,7 @@ from cocodet.data.augment import Recipe
 from cocodet.data.bad_samples import skip_record
 from cocodet.data.coco import BadSampleError, CocoIndex
 from cocodet.data.read import Source, load_resized
+from cocodet.data.recipe import to_original
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet import schema
 from cocodet.sample import BatchKeys, make_sample
@@ -35,7 +36,7 @@ MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not
 class DetectionDataset(torch.utils.data.Dataset):
     """Samples are dicts: image (HxWx3 uint8 RGB), boxes [n,4] xyxy, labels [n], key (epoch, i:
     the sampler's key), image_id (of the image used: a skipped sample's replacement differs),
-    to_original (orig_h, orig_w, scale: output pixel / scale = stored pixel), stage_seconds
+    to_original (orig_h, orig_w, scale_y, scale_x: output pixel / scale = stored pixel), stage_seconds
     (read, decode, augment), decodes (images decoded for it), pad_share (fraction of output
     pixels no source image covers), skipped (records of bad samples replaced while producing it).
 
@@ -83,7 +84,8 @@ class DetectionDataset(torch.utils.data.Dataset):
             finally:
                 timings[0] += time.perf_counter() - t0
         timings[3] += 1
-        return load_resized(self.index, k, self.recipe.image_size, timings, self.max_image_pixels)
+        return load_resized(self.index, k, self.recipe.decode_size, timings, self.max_image_pixels,
+                            self.recipe.min_box_side)
 
     def __getitem__(self, key: Any) -> dict:
         return self.__getitems__([key])[0]
@@ -102,10 +104,10 @@ class DetectionDataset(torch.utils.data.Dataset):
                 raise loaded[k]
             return loaded[k]
 
-        if self.reuse_outputs:
-            size = self.recipe.image_size
+        hw = self.recipe.output_hw
+        if self.reuse_outputs and hw is not None:  # outputs of varying size get fresh arrays
             while len(self._outputs) < len(keys):
-                self._outputs.append(np.empty((size, size, 3), np.uint8))
+                self._outputs.append(np.empty((*hw, 3), np.uint8))
             samples = [self._sample(key, load, self._outputs[j]) for j, key in enumerate(keys)]
         else:
             samples = [self._sample(key, load) for key in keys]
@@ -150,7 +152,7 @@ class DetectionDataset(torch.utils.data.Dataset):
         out = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
         timings[2] = time.perf_counter() - t0
         return make_sample(out.image, out.boxes, out.labels, (epoch, i), int(self.index.image_ids[k]),
-                           np.array([*primary.orig_hw, primary.scale * out.scale], dtype=np.float32),
+                           to_original(primary.orig_hw, primary.scale, out.scale),
                            stage_seconds=timings[:3], pad_share=out.pad_share, decodes=int(timings[3]),
                            skipped=skipped)
 

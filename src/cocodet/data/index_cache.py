@@ -39,7 +39,7 @@ def index_key(image_root: Path, ann_file: Path, keep_empty: bool) -> str:
         for block in iter(lambda: f.read(16 << 20), b""):
             content.update(block)
     parts = [str(INDEX_FORMAT), str(st.st_size), str(st.st_mtime_ns), content.hexdigest(),
-             os.path.realpath(image_root), str(bool(keep_empty))]
+             os.path.realpath(image_root), str(keep_empty if keep_empty == "reference" else bool(keep_empty))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

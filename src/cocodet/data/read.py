@@ -14,7 +14,7 @@ from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 
 
 class Source(NamedTuple):
-    """An image at the working resolution (long side = the dataset's image_size) with its
+    """An image at the working resolution (long side = the dataset's image_size, or stored) with its
     targets in that frame: what every recipe starts from, decoded or read from the pixel cache.
 
     ``orig_hw`` is the stored image's (height, width); ``scale`` maps stored pixels to these.
@@ -58,30 +58,36 @@ def read_decoded(index: CocoIndex, k: int, max_pixels: int, fit: int | None,
 
 
 def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None,
-             max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Image k at its stored size: (rgb image, xyxy boxes clipped to it, labels)."""
     image = read_decoded(index, k, max_pixels, None, timings).image
     h, w = image.shape[:2]
-    return (image, *clip_targets(index, k, h, w))
+    return (image, *clip_targets(index, k, h, w, min_box_side))
 
 
-def clip_targets(index: CocoIndex, k: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """Image k's boxes clipped to its stored (h, w); boxes wholly outside are dropped."""
+def clip_targets(index: CocoIndex, k: int, h: int, w: int, min_side: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Image k's boxes clipped to its stored (h, w); boxes left narrower or lower than
+    ``min_side`` are dropped (1 px: cocodet's rule; 0: the reference's, any positive extent)."""
     boxes, labels = index.targets(k)
     boxes = boxes.copy()
     np.clip(boxes[:, 0::2], 0, w, out=boxes[:, 0::2])
     np.clip(boxes[:, 1::2], 0, h, out=boxes[:, 1::2])
-    keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)
+    bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    keep = (bw > 0) & (bh > 0) & (bw >= min_side) & (bh >= min_side)
     return boxes[keep], labels[keep]
 
 
-def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None = None,
-                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Source:
+def load_resized(index: CocoIndex, k: int, size: int | None, timings: np.ndarray | None = None,
+                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0) -> Source:
     """Image k at the working resolution (long side ``size``): a reduced JPEG decode when the
     image is at least 2x larger, then the one letterbox resize (counted as decode time).
+    ``size`` None: the stored pixels, untouched (the reference presets).
 
     The pixel cache stores exactly this output, so cached and uncached runs see the same pixels.
     """
+    if size is None:
+        image, boxes, labels = load_raw(index, k, timings, max_pixels, min_box_side)
+        return Source(image, boxes, labels, tuple(image.shape[:2]), 1.0)
     from cocodet.data.augment import letterbox_resize  # augment imports albumentations: only here
 
     decoded = read_decoded(index, k, max_pixels, size, timings)
@@ -90,5 +96,5 @@ def load_resized(index: CocoIndex, k: int, size: int, timings: np.ndarray | None
     if timings is not None:
         timings[1] += time.perf_counter() - t_resize
     scale = r / decoded.reduction
-    boxes, labels = clip_targets(index, k, *decoded.stored_hw)
+    boxes, labels = clip_targets(index, k, *decoded.stored_hw, min_box_side)
     return Source(resized, boxes * np.float32(scale), labels, decoded.stored_hw, scale)

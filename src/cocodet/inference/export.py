@@ -28,6 +28,12 @@ class ExportError(UserError):
 
 
 def export(module, datamodule, *, fmt: str, model_name: str, run_dir: Path, opset: int) -> dict:
+    if datamodule.eval_recipe.decode_size is None:
+        raise ExportError(f"mode=export writes a predict.py that letterboxes to dataset.image_size, and this model was "
+                          f"trained with {type(datamodule.train_set.recipe).__name__} (the model's own resize, "
+                          f"{datamodule.eval_recipe.model_sizes[0]}/{datamodule.eval_recipe.model_sizes[1]}): it would "
+                          "be fed differently from how it was trained. Use mode=predict for this model, or export a "
+                          "model trained with augment=mosaic|basic|none")
     out = run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
     model = module.model.cpu().eval()

@@ -1,5 +1,5 @@
 """mode=predict: detections on a folder or file of images, through validation's decode and
-letterbox path, in batches with the loader plan's workers.
+resize (the letterbox, or the model's resize with the reference presets), in batches with the loader plan's workers.
 
 Writes ``predictions.json`` (COCO results: original image frame, original category ids),
 ``images.json`` (the id given to each file, its size), with ``predict.draw`` a PNG per
@@ -22,10 +22,10 @@ import torch.utils.data
 from tqdm import tqdm
 
 from cocodet.errors import UserError
-from cocodet.data.augment import Letterbox
 from cocodet.data.bad_samples import append_records, skip_record
 from cocodet.data.coco import BadSampleError
-from cocodet.data.decode import decode_resized
+from cocodet.data.decode import decode_checked, decode_resized
+from cocodet.data.recipe import Recipe, to_original
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.dataset import EpochSampler
 from cocodet.loader.flat_batch import restore, to_device
@@ -54,41 +54,48 @@ def list_images(source: str) -> list[Path]:
 
 
 class ImageFolderDataset(torch.utils.data.Dataset):
-    """Files -> letterboxed samples in DetectionDataset's format (no targets). A file that
-    cannot be read becomes a grey sample with ``image_id`` -1 and a skip record
-    (``on_bad_sample=skip``), or raises BadSampleError (``raise``)."""
+    """Files -> samples in DetectionDataset's format (no targets), through validation's recipe
+    (``recipe``: the letterbox, or the model's resize). A file that cannot be read becomes a
+    grey sample with ``image_id`` -1 and a skip record (``on_bad_sample=skip``), or raises
+    BadSampleError (``raise``)."""
 
-    def __init__(self, files: list[Path], image_ids: list[int], image_size: int, on_bad_sample: str,
+    def __init__(self, files: list[Path], image_ids: list[int], recipe: Recipe, on_bad_sample: str,
                  max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
         self.files, self.image_ids, self.on_bad_sample = files, image_ids, on_bad_sample
         self.max_pixels = max_pixels
-        self.letterbox = Letterbox(image_size)
+        self.recipe = recipe
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def _decode(self, data: bytes) -> tuple[np.ndarray, tuple[int, int], float]:
+        """(image at the recipe's working resolution, stored (h, w), stored -> working scale).
+        No annotation: the header gives the size, checked against max_pixels before a decode."""
+        if self.recipe.decode_size is None:
+            decoded = decode_checked(data, (0, 0), self.max_pixels)
+            return decoded.image, decoded.stored_hw, 1.0
+        return decode_resized(data, (0, 0), self.recipe.decode_size, self.max_pixels)
 
     def __getitem__(self, key) -> dict:
         epoch, i = key[0], key[1]
         path = self.files[i]
         t0 = time.perf_counter()
         try:
-            data = path.read_bytes()
-            # No annotation: the header gives the size, checked against max_pixels before a decode.
-            image, orig_hw, scale = decode_resized(data, (0, 0), self.letterbox.image_size, self.max_pixels)
+            image, orig_hw, scale = self._decode(path.read_bytes())
         except (OSError, ValueError) as e:
             error = BadSampleError(str(path), self.image_ids[i], getattr(e, "strerror", None) or str(e))
             if self.on_bad_sample == "raise":
                 raise error from None
-            s = self.letterbox.image_size
-            image, orig_hw, scale = np.full((s, s, 3), 114, np.uint8), (s, s), 1.0
+            h, w = self.recipe.output_hw or (32, 32)
+            image, orig_hw, scale = np.full((h, w, 3), 114, np.uint8), (h, w), 1.0
             skipped = [skip_record(error, epoch, i, "sample")]
             image_id = -1
         else:
             skipped, image_id = [], self.image_ids[i]
         decoded = time.perf_counter()
-        out = self.letterbox((image, np.zeros((0, 4), np.float32), np.zeros(0, np.int64)), None, [])
+        out = self.recipe((image, np.zeros((0, 4), np.float32), np.zeros(0, np.int64)), None, [])
         return make_sample(out.image, out.boxes, out.labels, (epoch, i), image_id,
-                           np.array([*orig_hw, scale * out.scale], np.float32),
+                           to_original(orig_hw, scale, out.scale),
                            stage_seconds=np.array([0.0, decoded - t0, time.perf_counter() - decoded]),
                            pad_share=out.pad_share, skipped=skipped)
 
@@ -113,7 +120,7 @@ def predict(module, datamodule, plan, *, source: str, score_threshold: float, dr
     known = {Path(str(p)).name: int(i) for p, i in zip(datamodule.val_index.paths, datamodule.val_index.image_ids)}
     ids = assign_ids(files, known)
     file_of = dict(zip(ids, files))
-    dataset = ImageFolderDataset(files, ids, datamodule.image_size, on_bad_sample, max_image_pixels)
+    dataset = ImageFolderDataset(files, ids, datamodule.eval_recipe, on_bad_sample, max_image_pixels)
     loader = build_loader(dataset, EpochSampler(len(dataset), 0, shuffle=False), batch_size, plan)
     model = module.model.to(device).eval()
     names = dict(zip(module.category_ids.tolist(), datamodule.val_index.category_names))

@@ -11,7 +11,7 @@ Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
     labels       [N] int64
     box_counts   [B] int64            — boxes of image b are the slice after sum(box_counts[:b])
     sample_keys  [B, 3] int64         — (epoch, index, image_id): the sampler's key and the image it gave
-    to_original  [B, 3] float32       — (orig_h, orig_w, scale): output pixel / scale = stored pixel
+    to_original  [B, 4] float32       — (orig_h, orig_w, scale_y, scale_x): output pixel / scale = stored pixel
     sample_stats [B, 6] float64       — STATS_COLUMNS: read, decode, augment, collate seconds, the pad
                                         share and the images decoded (measurement, design §10; never
                                         reaches the model)
@@ -185,7 +185,7 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
     Returns float images in [0, 1] cropped to their valid size (views of one float copy of the
     batch) and target dicts with ``boxes`` [n,4] float32, ``labels`` [n] int64, ``image_id``,
     ``sample_key`` [2] (epoch, index: the sampler's key, for logs) and ``to_original``
-    (orig_h, orig_w, scale) to map predictions back.
+    (orig_h, orig_w, scale_y, scale_x) to map predictions back.
     """
     images = flat.images.float().div_(255.0)
     sizes = flat.image_sizes.tolist()

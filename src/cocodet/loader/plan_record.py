@@ -44,6 +44,8 @@ class BatchGeometry:
     val_batch_size: int | None = None
     val_batch_bytes: int | None = None
     partner_pool: int = 0
+    image_side: int | None = None  # the largest (padded) image side a train batch may hold
+    val_image_side: int | None = None  # the same for a val batch (None: image_side)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class LoaderPlan:
     memory_available_bytes: int
     worker_footprint_bytes: int
     footprint_source: str
+    image_side: int | None = None  # the largest (padded) image side budgeted per image
     timeout_s: float = 0.0  # seconds a batch may take before the loader fails (0: wait forever)
     local_ranks: int = 1  # processes of this run on this host: they share its CPUs, /dev/shm and memory
     host_cpus: int | None = None  # this host's CPUs for the run (affinity, quota), before dividing among ranks

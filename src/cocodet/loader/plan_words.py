@@ -93,11 +93,15 @@ def shm_split_text(split: dict) -> str:
             f"process) + {mib(split['budget'] - split['train'] - split['val'])} spare")
 
 
+def side_text(side: int | None) -> str:
+    return f" of up to {side}x{side} px" if side else ""
+
+
 def plan_table(plan: "LoaderPlan") -> str:
     """The plan as a small fixed-width table for the log."""
     rows = [
         ("workers", f"{plan.num_workers} (source: {plan.source}, requested: {plan.requested})"),
-        ("batch", f"{plan.batch_size} images, {mib(plan.batch_bytes)} per FlatBatch"
+        ("batch", f"{plan.batch_size} images{side_text(plan.image_side)}, {mib(plan.batch_bytes)} per FlatBatch"
                   + (f", shipped in parts of {plan.part_images} images" if plan.part_images else "")),
         ("prefetch / pin / persistent", f"{plan.prefetch_factor} / {plan.pin_memory} / {plan.persistent_workers}"),
         ("in flight", f"{mib(plan.inflight_bytes)}, {plan.inflight_fds} fds/maps ({plan.fds_per_batch} per batch)"),
@@ -116,7 +120,8 @@ def plan_table(plan: "LoaderPlan") -> str:
         v = plan.val
         shipped = f"parts of {v.part_images} images" if v.part_images else "whole batches"
         rows.append(("val loader", f"{v.num_workers} worker(s), prefetch {v.prefetch_factor}, {shipped} "
-                                   f"({mib(v.batch_bytes)} per batch), {mib(v.inflight_bytes)} in flight"))
+                                   f"({mib(v.batch_bytes)} per batch{side_text(v.image_side)}), "
+                                   f"{mib(v.inflight_bytes)} in flight"))
         rows += [(f"val cap {c.name}", f"<= {c.limit} [{'APPLIED' if c.applied else 'ok'}] {c.reason}")
                  for c in v.caps if c.name == "shm"]
     rows += [("WARNING", w) for w in plan.warnings]

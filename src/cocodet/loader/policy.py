@@ -52,6 +52,7 @@ def plan_loader(request: LoaderRequest, batches: BatchGeometry, resources: HostR
     _warn(train, val, policy, budget, resources)
     plan = _final_plan(train, request, batches.batch_size, batches.batch_bytes, resources, budget, cuda)
     plan.val = _final_plan(val, request, val_size, val_bytes, resources, budget, cuda)
+    plan.image_side, plan.val.image_side = batches.image_side, batches.val_image_side or batches.image_side
     if budget.shm is not None:
         plan.shm_split = {"budget": budget.shm, "train": train.shm_bytes(), "val": val.shm_bytes()}
     return plan

@@ -38,14 +38,16 @@ class DetectorModule(L.LightningModule):
         eval_backend: the COCOeval implementation, "faster" or "pycocotools" (equal to 1e-4).
         health: :class:`~cocodet.models.health.HealthConfig` keys (non-finite steps, collapse).
         ema: ``{"decay": float | None}``: EMA weights for validation and checkpoints, or off.
+        loader_resizes: the loader resizes as the model's transform would (the reference
+            presets, ``zoo.LoaderSizedTransform``).
     """
 
     def __init__(self, detector: partial, image_size: int, optimizer: partial, val_ann_file: str,
                  category_ids: list[int], scheduler: partial | None = None, scheduler_interval: str = "step",
                  eval_max_images: int | None = None, eval_backend: str = DEFAULT_BACKEND,
-                 health: dict | None = None, ema: dict | None = None):
+                 health: dict | None = None, ema: dict | None = None, loader_resizes: bool = False):
         super().__init__()
-        self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size)
+        self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size, loader_resizes=loader_resizes)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.scheduler_interval = scheduler_interval
         self.val_ann_file = val_ann_file

@@ -53,10 +53,12 @@ def load_ground_truth(ann_file: str | Path, backend: str = DEFAULT_BACKEND):
 
 
 def to_original_frame(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
-    """Map xyxy boxes from the letterboxed input (padded bottom/right) back to the stored image:
-    undo the scale, clip to the image."""
-    orig_h, orig_w, scale = to_original
-    out = boxes.astype(np.float64) / scale
+    """Map xyxy boxes from the model's input (letterboxed, or resized as the model's transform
+    would) back to the stored image: undo the scale per axis, clip to the image.
+    ``to_original``: (orig_h, orig_w, scale_y, scale_x), or (orig_h, orig_w, scale)."""
+    orig_h, orig_w, *scale = to_original
+    sy, sx = (scale[0], scale[0]) if len(scale) == 1 else scale
+    out = boxes.astype(np.float64) / np.array([sx, sy, sx, sy])
     np.clip(out[:, 0::2], 0, orig_w, out=out[:, 0::2])
     np.clip(out[:, 1::2], 0, orig_h, out=out[:, 1::2])
     return out

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
+from torch import Tensor
 import torchvision.models.detection as tvd
 from torchvision.models import resnet18
 from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 
@@ -37,21 +39,36 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
 _FIXED_SIZE = {"ssdlite320_mobilenet_v3_large"}
 
 
+class LoaderSizedTransform(GeneralizedRCNNTransform):
+    """The model's transform when the loader has already resized each image exactly as this
+    transform would (the reference presets, ``data/model_resize.py``): it normalises and
+    batches (padding to 32, as before), and never resizes, in training or evaluation.
+
+    Without it, evaluation would resize again whatever ``_skip_resize`` says, and a 1-pixel
+    rounding difference in the recomputed scale would resample every image."""
+
+    def resize(self, image: Tensor, target: Optional[dict[str, Tensor]] = None) -> tuple[Tensor, Optional[dict[str, Tensor]]]:
+        return image, target
+
+
 def build_detector(name: str, num_classes: int, image_size: int, pretrained: bool = False,
-                   pretrained_backbone: bool = False, **kwargs) -> torch.nn.Module:
+                   pretrained_backbone: bool = False, loader_resizes: bool = False, **kwargs) -> torch.nn.Module:
     """Build a torchvision detector.
 
     Args:
         name: a key of BUILDERS.
         num_classes: classes including background (contiguous labels 1..K, 0 = background).
         image_size: the letterboxed input side; the detector's own transform is set not to resize.
+        loader_resizes: the loader resizes as the builder's transform would (the reference
+            presets): its sizes stay the builder's (or min_size / max_size in kwargs), and the
+            transform becomes a :class:`LoaderSizedTransform`.
         pretrained: COCO detection weights (downloads; the head is re-initialised for num_classes).
         pretrained_backbone: ImageNet backbone weights (downloads).
         kwargs: passed to the torchvision builder (e.g. box_score_thresh, detections_per_img).
     """
     if name not in BUILDERS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(BUILDERS)}")
-    if name not in _FIXED_SIZE:
+    if name not in _FIXED_SIZE and not loader_resizes:
         kwargs.setdefault("min_size", image_size)
         kwargs.setdefault("max_size", image_size)
     weights = "DEFAULT" if pretrained else None
@@ -59,8 +76,20 @@ def build_detector(name: str, num_classes: int, image_size: int, pretrained: boo
     if pretrained and name != "fcos_resnet18_fpn":
         # Torchvision refuses num_classes != 91 with detection weights: load at 91, then swap heads.
         model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, **kwargs)
-        return _replace_head(model, num_classes)
-    return BUILDERS[name](weights=weights, weights_backbone=weights_backbone, num_classes=num_classes, **kwargs)
+        model = _replace_head(model, num_classes)
+    else:
+        model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, num_classes=num_classes, **kwargs)
+    return _loader_sized(model) if loader_resizes else model
+
+
+def _loader_sized(model: torch.nn.Module) -> torch.nn.Module:
+    t = model.transform
+    if t.fixed_size is not None:
+        raise ValueError(f"{type(model).__name__} fixes its input size {t.fixed_size}; the reference presets "
+                         "size images for transforms that resize by min_size / max_size")
+    model.transform = LoaderSizedTransform(t.min_size, t.max_size, t.image_mean, t.image_std,
+                                           size_divisible=t.size_divisible)
+    return model
 
 
 def _replace_head(model: torch.nn.Module, num_classes: int) -> torch.nn.Module:

@@ -16,10 +16,11 @@ log = logging.getLogger(__name__)
 
 def plan(cfg: DictConfig, loader_plan: LoaderPlan, resources: HostResources, run_dir: Path) -> dict:
     from cocodet.data.splits import load_splits
+    from cocodet.modes.wiring import train_keep_empty
 
     d = OmegaConf.to_container(cfg.dataset, resolve=True)
     train, val = load_splits(d["root"], d["train_images"], d["train_ann"], d["val_images"], d["val_ann"],
-                             d["keep_empty"], d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"))
+                             train_keep_empty(cfg), d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"))
     if cfg.dataset.verify:
         from cocodet.data.verify import verify_indexes
 

@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from cocodet.loader.flat_layout import batch_bytes
+from cocodet.loader.flat_layout import batch_bytes, round_up
 from cocodet.loader.plan_record import BatchGeometry, LoaderPlan, LoaderRequest
 from cocodet.loader.policy import plan_loader
 from cocodet.loader.worker_request import worker_request
@@ -62,12 +62,48 @@ def loader_request(cfg: DictConfig, policy: str, requested: int | None, prefetch
 
 
 def batch_geometry(cfg: DictConfig) -> BatchGeometry:
-    """The train and val batches the config makes, in images and FlatBatch bytes."""
-    loader, size = cfg.loader, int(cfg.dataset.image_size)
+    """The train and val batches the config makes, in images and FlatBatch bytes, each at the
+    largest image its recipe can produce (the reference presets: not dataset.image_size)."""
+    loader, batch = cfg.loader, int(cfg.loader.batch_size)
+    train_side, val_side = image_sides(cfg)
     val = int(loader.val_batch_size) if loader.get("val_batch_size") else None
-    return BatchGeometry(int(loader.batch_size), batch_bytes(int(loader.batch_size), size), val_batch_size=val,
-                         val_batch_bytes=batch_bytes(val, size) if val else None,
-                         partner_pool=cfg.augment.get("partner_pool") or 0)
+    val_bytes = batch_bytes(val or batch, val_side) if val or val_side != train_side else None
+    return BatchGeometry(batch, batch_bytes(batch, train_side), val_batch_size=val, val_batch_bytes=val_bytes,
+                         partner_pool=cfg.augment.get("partner_pool") or 0, image_side=round_up(train_side),
+                         val_image_side=round_up(val_side))
+
+
+def is_reference_preset(cfg: DictConfig) -> bool:
+    """augment=hflip|multiscale|lsj: the loader sizes images as the model's transform would."""
+    return str(cfg.augment.get("_target_", "")).startswith("cocodet.data.reference_presets.")
+
+
+def build_recipe(cfg: DictConfig):
+    """The train recipe; the reference presets also learn the chosen model's resize (its
+    builder's sizes, or ``model.detector.min_size`` / ``max_size``). Torch-free for those."""
+    kwargs = {"image_size": int(cfg.dataset.image_size)}
+    if is_reference_preset(cfg):
+        from cocodet.data.model_resize import builder_sizes
+
+        detector = cfg.model.detector
+        kwargs["model_sizes"] = builder_sizes(str(detector.name), detector.get("min_size"), detector.get("max_size"))
+    return instantiate(cfg.augment, **kwargs, _convert_="all")
+
+
+def image_sides(cfg: DictConfig) -> tuple[int, int]:
+    """The largest image side of a train and of a val batch (before rounding to 32)."""
+    if not is_reference_preset(cfg):  # the letterbox family (importing it would import torch)
+        return int(cfg.dataset.image_size), int(cfg.dataset.image_size)
+    recipe = build_recipe(cfg)
+    return max(recipe.largest_hw()), max(recipe.eval_recipe().largest_hw())
+
+
+def train_keep_empty(cfg: DictConfig) -> bool | str:
+    """dataset.keep_empty, with null resolved to the recipe's default."""
+    value = cfg.dataset.get("keep_empty")
+    if value is not None:
+        return value
+    return "reference" if is_reference_preset(cfg) else True
 
 
 def build_replanner(cfg: DictConfig, plan: LoaderPlan) -> Replanner:
@@ -82,7 +118,7 @@ def build_replanner(cfg: DictConfig, plan: LoaderPlan) -> Replanner:
 
 
 def build_datamodule(cfg: DictConfig, plan: LoaderPlan, run_dir: Path):
-    recipe = instantiate(cfg.augment, image_size=int(cfg.dataset.image_size), _convert_="all")
+    recipe = build_recipe(cfg)
     # Runtime objects are passed to the partial, not to instantiate, which would turn the plan
     # (a dataclass) into a config node.
     datamodule = instantiate(cfg.dataset, _partial_=True, _convert_="all")
@@ -93,6 +129,7 @@ def build_datamodule(cfg: DictConfig, plan: LoaderPlan, run_dir: Path):
 
 def build_module(cfg: DictConfig, datamodule):
     return instantiate(cfg.model, val_ann_file=datamodule.val_ann_file, image_size=int(cfg.dataset.image_size),
+                       loader_resizes=is_reference_preset(cfg),
                        category_ids=datamodule.train_index.category_ids.tolist(), _recursive_=True)
 
 

@@ -1,0 +1,79 @@
+"""What every augmentation recipe is: its output (:class:`Sample`) and the questions the dataset,
+the pixel cache and the loader plan ask it (:class:`Recipe`). Numpy only, so that ``mode=plan``
+can size batches from a recipe without importing torch or albumentations."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+PAD_VALUE = 114  # YOLO's grey: padding that looks like nothing in particular
+Raw = tuple[np.ndarray, np.ndarray, np.ndarray]  # rgb image, xyxy boxes, labels
+
+
+class Sample(NamedTuple):
+    """A recipe's output: HxWx3 uint8 image, [n,4] float32 xyxy boxes, [n] int64 labels,
+    ``scale`` (source pixels -> output pixels, used to map predictions back: one factor for
+    letterbox recipes, (y, x) factors for the model's resize; 1.0 for mosaic) and ``pad_share``
+    (fraction of output pixels no source covers)."""
+
+    image: np.ndarray
+    boxes: np.ndarray
+    labels: np.ndarray
+    scale: float | tuple[float, float]
+    pad_share: float
+
+
+def to_original(orig_hw: tuple[int, int], read_scale: float, scale: float | tuple[float, float]) -> np.ndarray:
+    """A sample's ``to_original`` [4] float32: (orig_h, orig_w, scale_y, scale_x), where
+    output pixel / scale = stored pixel; ``read_scale`` is the read's (stored -> working
+    resolution), ``scale`` the recipe's (:class:`Sample`)."""
+    sy, sx = scale if isinstance(scale, tuple) else (scale, scale)
+    return np.array([*orig_hw, read_scale * sy, read_scale * sx], dtype=np.float32)
+
+
+class Recipe:
+    """A named transform over one sample and the partner samples it asked for.
+
+    The letterbox family (``mosaic``, ``basic``, ``none``) reads images with their long side at
+    ``image_size`` and outputs ``image_size`` squares; the reference presets
+    (``data/reference_presets.py``) read stored pixels and output images of varying size.
+    """
+
+    partner_pool = 0  # partners come from aligned runs of this many samples (0: no pools)
+    min_box_side = 1.0  # boxes narrower or lower than this after clipping to the stored image are dropped
+    keep_empty: bool | str = True  # what dataset.keep_empty=null means for this recipe's train split
+
+    def __init__(self, image_size: int):
+        self.image_size = image_size
+
+    @property
+    def decode_size(self) -> int | None:
+        """The long side images are read at (a reduced JPEG decode, then one resize); None: the
+        stored size, untouched (what the pixel cache cannot hold)."""
+        return self.image_size
+
+    @property
+    def output_hw(self) -> tuple[int, int] | None:
+        """Every output's (height, width); None when outputs vary in size."""
+        return (self.image_size, self.image_size)
+
+    def largest_hw(self) -> tuple[int, int]:
+        """The largest output a batch may have to hold, before rounding to 32 (what the plan budgets)."""
+        return (self.image_size, self.image_size)
+
+    def eval_recipe(self) -> "Recipe":
+        """What validation, ``mode=eval`` and ``mode=predict`` apply (letterbox for this family)."""
+        from cocodet.data.augment import Letterbox  # augment imports albumentations (and torch): only here
+
+        return Letterbox(self.image_size)
+
+    def partners(self, rng: np.random.Generator) -> int:
+        """How many extra raw samples this call will consume (drawn before any decode)."""
+        return 0
+
+    def __call__(self, raw: Raw, rng: np.random.Generator, partner_raws: list[Raw],
+                 out: np.ndarray | None = None) -> Sample:
+        """``out``: an ``output_hw`` x 3 buffer the output may be written into (fixed sizes only)."""
+        raise NotImplementedError
