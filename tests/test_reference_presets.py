@@ -16,6 +16,7 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from conftest import run_in_process
 from cocodet.data.coco import build_index
 from cocodet.data.model_resize import BUILDER_SIZES, builder_sizes
 from cocodet.data.read import load_raw
@@ -226,3 +227,114 @@ def test_the_models_transform_neither_resizes_nor_pads_again(name, raws):
         out, _ = stock.train(train)(images, [dict(t) for t in targets] if train else None)
         assert out.image_sizes == [tuple(s.image.shape[:2]) for s in samples]
         assert tuple(out.tensors.shape) == tuple(flat.images.shape)
+
+
+# --- the stream contract, for each preset ------------------------------------------------
+
+def bench_digest(coco_tiny, tmp_path, preset: str, *extra: str) -> str:
+    s = run_in_process(["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", f"augment={preset}",
+                        "model=fasterrcnn_mobilenet_v3_large_fpn", "loader=explicit", "loader.batch_size=4",
+                        "bench.batches=6", "bench.warmup=0", "bench.digest_batches=6", "bench.decode_probe=0", *extra],
+                       tmp_path)
+    assert s["digest_batches"] == 6 and s["image_side"] == {"lsj": 1024}.get(preset, 1344)
+    return s["batch_digest"]
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_stream_is_independent_of_workers_and_parts(preset, coco_tiny, tmp_path):
+    digests = {name: bench_digest(coco_tiny, tmp_path / name, preset, *extra)
+               for name, extra in {"w0": ["loader.num_workers=0"], "w2": ["loader.num_workers=2"],
+                                   "parts": ["loader.num_workers=2", "loader.part_images=3"]}.items()}
+    assert len(set(digests.values())) == 1, digests
+    assert bench_digest(coco_tiny, tmp_path / "seed1", preset, "loader.num_workers=0", "seed=1") != digests["w0"]
+
+
+def test_batches_are_padded_to_their_own_largest_image(coco_tiny):
+    """multiscale: each batch has its own size, its largest image rounded up to 32."""
+    from cocodet.data.dataset import DetectionDataset
+
+    index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json",
+                        keep_empty="reference")
+    dataset = DetectionDataset(index, MultiScale(128, SIZES), seed=0)
+    shapes = set()
+    for b in range(4):
+        samples = dataset.__getitems__([(0, i) for i in range(4 * b, 4 * b + 4)])
+        flat = flatten(samples)
+        hs, ws = zip(*[s["image"].shape[:2] for s in samples])
+        assert tuple(flat.images.shape[2:]) == (-(-max(hs) // 32) * 32, -(-max(ws) // 32) * 32)
+        shapes.add(tuple(flat.images.shape[2:]))
+    assert len(shapes) > 1, shapes
+
+
+def test_pixel_cache_is_refused_in_one_line(coco_tiny, tmp_path):
+    from cocodet.datamodule import PixelCacheConfigError
+
+    with pytest.raises(PixelCacheConfigError, match="dataset.cache=ram cannot hold what HFlip reads.*about 100 GB"):
+        run_in_process(["mode=preview", "dataset=coco", f"dataset.root={coco_tiny}", "augment=hflip", "dataset.cache=ram",
+                        "model=fasterrcnn_mobilenet_v3_large_fpn"], tmp_path)
+
+
+def test_a_model_with_a_fixed_input_size_is_refused(coco_tiny, tmp_path):
+    from cocodet.data.model_resize import ModelSizeError
+
+    with pytest.raises(ModelSizeError, match="ssdlite320_mobilenet_v3_large fixes its input size"):
+        run_in_process(["mode=plan", "dataset=coco", f"dataset.root={coco_tiny}", "augment=lsj",
+                        "model=ssdlite320_mobilenet_v3_large"], tmp_path)
+
+
+def test_reference_rule_for_train_images(tmp_path):
+    """keep_empty=reference (the presets' default): torchvision's coco_utils rule. A crowd-only
+    image stays (with no training box), one whose boxes are all at most 1 px wide or high goes,
+    and so does one without annotations; keep_empty=false drops the crowd-only image too."""
+    import json
+
+    (tmp_path / "img").mkdir()
+    images = [{"id": i, "file_name": f"{i}.jpg", "height": 100, "width": 100} for i in (1, 2, 3, 4)]
+    anns = [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 50, 50], "iscrowd": 1},
+            {"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 1, 50], "iscrowd": 0},
+            {"id": 3, "image_id": 4, "category_id": 1, "bbox": [5, 5, 20, 20], "iscrowd": 0}]
+    ann = tmp_path / "ann.json"
+    ann.write_text(json.dumps({"images": images, "annotations": anns, "categories": [{"id": 1, "name": "a"}]}))
+    assert build_index(tmp_path / "img", ann, keep_empty="reference").image_ids.tolist() == [1, 4]
+    assert build_index(tmp_path / "img", ann, keep_empty=False).image_ids.tolist() == [2, 4]
+    assert build_index(tmp_path / "img", ann, keep_empty=True).image_ids.tolist() == [1, 2, 3, 4]
+
+
+# Small sizes so that a CPU trains them in seconds: the contract does not depend on the size.
+MODEL_SMALL = ["+model.detector.min_size=96", "+model.detector.max_size=160"]  # train (hflip) and eval resize
+SMALL = {"hflip": MODEL_SMALL, "multiscale": [*MODEL_SMALL, "augment.min_sizes=[64,96,128]", "augment.max_size=160"],
+         "lsj": [*MODEL_SMALL, "augment.size=128"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_mid_epoch_resume_is_exact(preset, synthetic_root, tmp_path):
+    """SIGTERM mid-epoch 1 at two workers, resume in process: the stream of the uninterrupted run."""
+    from conftest import REPO, run_train, synthetic_overrides
+
+    common = [*synthetic_overrides(synthetic_root), f"augment={preset}", *SMALL[preset], "loader.batch_size=8",
+              "trainer.max_epochs=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
+              "loader=explicit"]
+    _, whole = run_train([*common, "loader.num_workers=2"], tmp_path / "whole", timeout=600)
+    assert whole["status"] == "completed" and whole["steps"] == 12
+    env = {"PYTHONPATH": str(REPO / "tests")}
+    signal = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=9",
+              "+callbacks.signal_at.signal_name=SIGTERM"]
+    _, first = run_train([*common, "loader.num_workers=2", *signal], tmp_path / "cut", env=env, timeout=600)
+    assert first["status"] == "preempted" and first["stream_position"]["batches"] == 3
+    _, second = run_train([*common, "loader.num_workers=0", "ckpt_path=last"], tmp_path / "cut", timeout=600)
+    assert second["steps"] == 12 and second["stream_digest"] == whole["stream_digest"]
+    assert second["map50"] is not None
+
+
+def test_preview_draws_preset_batches_at_their_sizes(tmp_path, coco_tiny):
+    """mode=preview with multiscale: grids of batches whose tiles have the sizes drawn."""
+    import cv2
+
+    s = run_in_process(["mode=preview", "preview.batches=2", "dataset=coco", f"dataset.root={coco_tiny}",
+                        "augment=multiscale", "model=fasterrcnn_mobilenet_v3_large_fpn", "loader.batch_size=4",
+                        "loader=explicit", "loader.num_workers=0"], tmp_path / "run")
+    grids = [cv2.imread(p) for p in s["pngs"]]
+    assert len(grids) == 2 and all(g is not None and g.std() > 20 for g in grids)
+    assert all(g.shape[0] >= 480 and g.shape[1] >= 4 * 480 for g in grids)  # tiles at the drawn sizes, not 128
+    assert grids[0].shape != grids[1].shape  # each batch its own size

@@ -11,10 +11,15 @@ from cocodet.loader.flat_batch import restore, unrestore_uint8
 
 
 def draw_batch(images, targets, names: list[str], columns: int = 4) -> np.ndarray:
-    """One RGB grid image: each restored image with its boxes and class names."""
+    """One RGB grid image: each restored image with its boxes and class names, its size
+    written in its corner and its edge outlined (the reference presets' images vary in size;
+    the grid's black is the batch padding beyond them)."""
     tiles = []
     for image, target in zip(unrestore_uint8(images), targets):
         tile = np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy())
+        h, w = tile.shape[:2]
+        cv2.rectangle(tile, (0, 0), (w - 1, h - 1), (255, 255, 255), 1)
+        cv2.putText(tile, f"{h}x{w}", (3, 12), cv2.FONT_HERSHEY_SIMPLEX, 0.35, (255, 255, 255), 1, cv2.LINE_AA)
         for (x1, y1, x2, y2), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
             colour = tuple(int(c) for c in np.random.default_rng(label).integers(64, 256, 3))
             cv2.rectangle(tile, (round(x1), round(y1)), (round(x2), round(y2)), colour, 1)
