@@ -309,21 +309,22 @@ SMALL = {"hflip": MODEL_SMALL, "multiscale": [*MODEL_SMALL, "augment.min_sizes=[
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_mid_epoch_resume_is_exact(preset, synthetic_root, tmp_path):
-    """SIGTERM mid-epoch 1 at two workers, resume in process: the stream of the uninterrupted run."""
+    """SIGTERM mid-epoch at two workers (a real process and signal), resume at none: the
+    stream of the uninterrupted run. The runs without a signal run in this process."""
     from conftest import REPO, run_train, synthetic_overrides
 
     common = [*synthetic_overrides(synthetic_root), f"augment={preset}", *SMALL[preset], "loader.batch_size=8",
-              "trainer.max_epochs=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
+              "trainer.max_epochs=1", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
               "loader=explicit"]
-    _, whole = run_train([*common, "loader.num_workers=2"], tmp_path / "whole", timeout=600)
-    assert whole["status"] == "completed" and whole["steps"] == 12
-    env = {"PYTHONPATH": str(REPO / "tests")}
-    signal = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=9",
+    whole = run_in_process([*common, "loader.num_workers=2"], tmp_path / "whole")
+    assert whole["status"] == "completed" and whole["steps"] == 6
+    signal = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=3",
               "+callbacks.signal_at.signal_name=SIGTERM"]
-    _, first = run_train([*common, "loader.num_workers=2", *signal], tmp_path / "cut", env=env, timeout=600)
+    _, first = run_train([*common, "loader.num_workers=2", *signal], tmp_path / "cut",
+                         env={"PYTHONPATH": str(REPO / "tests")}, timeout=600)
     assert first["status"] == "preempted" and first["stream_position"]["batches"] == 3
-    _, second = run_train([*common, "loader.num_workers=0", "ckpt_path=last"], tmp_path / "cut", timeout=600)
-    assert second["steps"] == 12 and second["stream_digest"] == whole["stream_digest"]
+    second = run_in_process([*common, "loader.num_workers=0", "ckpt_path=last"], tmp_path / "cut")
+    assert second["steps"] == 6 and second["stream_digest"] == whole["stream_digest"]
     assert second["map50"] is not None
 
 
