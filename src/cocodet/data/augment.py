@@ -17,7 +17,7 @@ import numpy as np
 
 from cocodet import schema
 
-from cocodet.data.recipe import PAD_VALUE, Raw, Recipe, Sample  # noqa: F401  (the recipes' shared types)
+from cocodet.data.recipe import PAD_VALUE, Raw, Recipe, Sample, hflip  # noqa: F401  (the recipes' shared parts)
 
 
 def letterbox_resize(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
@@ -52,14 +52,6 @@ def letterbox(image: np.ndarray, boxes: np.ndarray, size: int,
     out = canvas(size, out)
     out[:nh, :nw] = resized
     return out, boxes * np.float32(scale), scale, 1.0 - (nh * nw) / (size * size)
-
-
-def hflip(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mirror the image in place (cv2.flip: 30x faster than a numpy copy of image[:, ::-1])."""
-    w = image.shape[1]
-    flipped = boxes.copy()
-    flipped[:, [0, 2]] = w - boxes[:, [2, 0]]
-    return cv2.flip(image, 1, dst=image), flipped
 
 
 def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, float],

@@ -1,11 +1,12 @@
 """What every augmentation recipe is: its output (:class:`Sample`) and the questions the dataset,
-the pixel cache and the loader plan ask it (:class:`Recipe`). Numpy only, so that ``mode=plan``
+the pixel cache and the loader plan ask it (:class:`Recipe`). Numpy and OpenCV only, so that ``mode=plan``
 can size batches from a recipe without importing torch or albumentations."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import cv2
 import numpy as np
 
 PAD_VALUE = 114  # YOLO's grey: padding that looks like nothing in particular
@@ -23,6 +24,15 @@ class Sample(NamedTuple):
     labels: np.ndarray
     scale: float | tuple[float, float]
     pad_share: float
+
+
+def hflip(image: np.ndarray, boxes: np.ndarray, in_place: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Mirror the image (cv2.flip: 30x faster than a numpy copy of image[:, ::-1]) and its
+    boxes. ``in_place=False`` for a source that may serve another sample of the batch."""
+    w = image.shape[1]
+    flipped = boxes.copy()
+    flipped[:, [0, 2]] = w - boxes[:, [2, 0]]
+    return (cv2.flip(image, 1, dst=image) if in_place else cv2.flip(image, 1)), flipped
 
 
 def to_original(orig_hw: tuple[int, int], read_scale: float, scale: float | tuple[float, float]) -> np.ndarray:

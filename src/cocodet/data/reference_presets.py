@@ -19,11 +19,10 @@ Facts from pytorch/vision ``references/detection`` at commit 3749cad2 (``transfo
 
 from __future__ import annotations
 
-import cv2
 import numpy as np
 
 from cocodet.data.model_resize import largest_hw, resized_hw
-from cocodet.data.recipe import Raw, Recipe, Sample
+from cocodet.data.recipe import Raw, Recipe, Sample, hflip
 
 
 def resize_uint8(image: np.ndarray, hw: tuple[int, int], antialias: bool) -> np.ndarray:
@@ -45,14 +44,6 @@ def scale_boxes(boxes: np.ndarray, old_hw: tuple[int, int], new_hw: tuple[int, i
     fy = np.float32(new_hw[0]) / np.float32(old_hw[0])
     fx = np.float32(new_hw[1]) / np.float32(old_hw[1])
     return (boxes * np.array([fx, fy, fx, fy], np.float32)).astype(np.float32), (float(fy), float(fx))
-
-
-def flip(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mirrored copy (the source may serve another sample of the batch) and mirrored boxes."""
-    w = image.shape[1]
-    flipped = boxes.copy()
-    flipped[:, [0, 2]] = w - boxes[:, [2, 0]]
-    return cv2.flip(image, 1), flipped
 
 
 class ReferencePreset(Recipe):
@@ -93,7 +84,13 @@ class ReferencePreset(Recipe):
         return bool(np.float32(rng.random()) < self.flip_p)
 
     def _flip(self, image, boxes, rng) -> tuple[np.ndarray, np.ndarray]:
-        return flip(image, boxes) if self.flip_decision(rng) else (image, boxes)
+        # A copy: the decoded source may serve another sample of the batch.
+        return hflip(image, boxes, in_place=False) if self.flip_decision(rng) else (image, boxes)
+
+    def _model_resize(self, image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """The model's resize (no antialias, as its transform): image, boxes, (y, x) factors."""
+        hw = resized_hw(*image.shape[:2], *self.model_sizes)
+        return (resize_uint8(image, hw, antialias=False), *scale_boxes(boxes, image.shape[:2], hw))
 
 
 class ModelResize(ReferencePreset):
@@ -107,9 +104,7 @@ class ModelResize(ReferencePreset):
 
     def __call__(self, raw: Raw, rng, partner_raws, out=None) -> Sample:
         image, boxes, labels = raw
-        hw = resized_hw(*image.shape[:2], *self.model_sizes)
-        resized = resize_uint8(image, hw, antialias=False)
-        boxes, scale = scale_boxes(boxes, image.shape[:2], hw)
+        resized, boxes, scale = self._model_resize(image, boxes)
         return Sample(resized, boxes, labels, scale, 0.0)
 
 
@@ -119,9 +114,7 @@ class HFlip(ReferencePreset):
     def __call__(self, raw: Raw, rng, partner_raws, out=None) -> Sample:
         image, boxes, labels = raw
         image, boxes = self._flip(image, boxes, rng)
-        hw = resized_hw(*image.shape[:2], *self.model_sizes)
-        resized = resize_uint8(image, hw, antialias=False)
-        boxes, scale = scale_boxes(boxes, image.shape[:2], hw)
+        resized, boxes, scale = self._model_resize(image, boxes)
         return Sample(resized, boxes, labels, scale, 0.0)
 
 

@@ -103,7 +103,9 @@ def train_keep_empty(cfg: DictConfig) -> bool | str:
     value = cfg.dataset.get("keep_empty")
     if value is not None:
         return value
-    return "reference" if is_reference_preset(cfg) else True
+    from cocodet.data.recipe import Recipe  # the letterbox family's default (importing it would import torch)
+
+    return build_recipe(cfg).keep_empty if is_reference_preset(cfg) else Recipe.keep_empty
 
 
 def build_replanner(cfg: DictConfig, plan: LoaderPlan) -> Replanner:
