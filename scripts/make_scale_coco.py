@@ -55,7 +55,7 @@ def main() -> None:
         target = args.out / "annotations" / f"instances_{split}2017.json"
         tmp = target.with_suffix(".tmp")
         with open(tmp, "w") as f:
-            json.dump(big, f)
+            f.write(json.dumps(big))  # dumps encodes in C; dump's chunked encoder is pure Python (5x slower here)
         os.replace(tmp, target)
         print(f"{target}: {len(big['images'])} images, {len(big['annotations'])} annotations, "
               f"{target.stat().st_size / 2**20:.0f} MiB")

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run_in_process, synthetic_overrides
+from conftest import NARROW_MODEL, REPO, run_in_process, synthetic_overrides
 
 JOB = REPO / "deploy" / "k8s" / "job.yaml"
 
 
 def tiny(root) -> list[str]:
-    return [*synthetic_overrides(root), "dataset.image_size=64", "loader.batch_size=16",
+    return [*synthetic_overrides(root), "dataset.image_size=64", "loader.batch_size=16", NARROW_MODEL,
             "trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "logger=none"]
 
 

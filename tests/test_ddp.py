@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_train
+from conftest import NARROW_MODEL, REPO, run_train
 from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
 from cocodet.loader.policy import plan_loader
 from cocodet.models.detector import merge_rank_detections
@@ -40,7 +40,7 @@ def coco79(coco_tiny, tmp_path_factory) -> Path:
 
 
 def args(root: Path, *extra: str) -> list[str]:
-    return ["dataset=coco", f"dataset.root={root}", "dataset.image_size=64", "loader.batch_size=8",
+    return ["dataset=coco", f"dataset.root={root}", "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL,
             "trainer.max_epochs=1", "trainer.enable_progress_bar=false", *extra]
 
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from conftest import REPO, run_in_process, run_train, synthetic_overrides
+from conftest import NARROW_MODEL, REPO, run_in_process, run_train, synthetic_overrides
 from cocodet.models.ema import ramped_ema
 from cocodet.models.health import HealthConfig, StepHealth, confident_count, nonfinite_tensors
 
@@ -19,7 +19,8 @@ ENV = {"PYTHONPATH": str(REPO / "tests")}
 
 
 def small(root, *extra: str) -> list[str]:
-    return [*synthetic_overrides(root), "dataset.image_size=64", "loader.batch_size=8", "trainer.enable_progress_bar=false",
+    return [*synthetic_overrides(root), "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL,
+            "trainer.enable_progress_bar=false",
             "model.eval_max_images=8", "callbacks.prediction_grid.images=2", *extra]
 
 
@@ -130,7 +131,7 @@ def test_ema_weights_validate_save_and_resume_exactly(tmp_path, synthetic_root):
     raw weights, bit for bit."""
     base = small(synthetic_root, "model.ema.decay=0.9", "trainer.max_epochs=2", "trainer.deterministic=true",
                  "loader=explicit", "loader.num_workers=0")
-    _, whole = run_train(base, tmp_path / "whole", timeout=600)
+    whole = run_in_process(base, tmp_path / "whole")  # no signal: this process
     saved = torch.load(whole["last_ckpt"], map_location="cpu", weights_only=True)
     assert {"state_dict", "current_model_state", "averaging_state"} <= set(saved)
     differs = [k for k, v in saved["state_dict"].items() if v.is_floating_point()
@@ -143,7 +144,7 @@ def test_ema_weights_validate_save_and_resume_exactly(tmp_path, synthetic_root):
     signal = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=8"]
     _, first = run_train([*base, *signal], run_dir, env=ENV, timeout=600)
     assert first["status"] == "preempted" and first["steps"] == 8
-    _, second = run_train([*base, "ckpt_path=last"], run_dir, timeout=600)
+    second = run_in_process([*base, "ckpt_path=last"], run_dir)
     assert second["stream_digest"] == whole["stream_digest"] and second["steps"] == whole["steps"]
     resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=True)
     for key in ("state_dict", "current_model_state", "averaging_state"):

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, is_root, run_in_process, run_train, synthetic_overrides
+from conftest import NARROW_MODEL, REPO, is_root, run_in_process, run_train, synthetic_overrides
 
 MB64 = 64 * 1024 * 1024
 
@@ -61,7 +61,8 @@ def test_auto_training_in_64mb_shm_validates_without_running_out(coco_tiny, tmp_
     across epochs): the parts they hold together still fit, validation included, with no
     re-plan. A joined part once stayed referenced while its batch was out, 9.4 MiB more per
     loader, and the second validation ran out of shm."""
-    args = [*coco640(coco_tiny), "+model.detector.min_size=64", "+model.detector.max_size=64", "trainer.max_epochs=3",
+    args = [*coco640(coco_tiny), "+model.detector.min_size=64", "+model.detector.max_size=64", NARROW_MODEL,
+            "trainer.max_epochs=3",
             "trainer.enable_progress_bar=false"]
     _, s = run_train(args, tmp_path / "run", prefix=shm_namespace(), timeout=900)
     assert s["status"] == "completed" and s["steps"] == 6 and s["plan"]["part_images"]
@@ -74,7 +75,8 @@ def test_replan_in_64mb_shm_leaves_room_for_validation(coco_tiny, tmp_path):
     """Explicit 2 workers at prefetch 4 overcommit a 64 MB /dev/shm: one re-plan, against the
     budget train and val share, and validation then runs on its own worker without a second.
     Planned for the train loader alone, validation found 7.5 MiB free and died of shm too."""
-    args = [*coco640(coco_tiny, batch=16), "loader=explicit", "loader.num_workers=2", "loader.prefetch_factor=4",
+    args = [*coco640(coco_tiny, batch=16), NARROW_MODEL, "loader=explicit", "loader.num_workers=2",
+            "loader.prefetch_factor=4",
             "loader.on_failure=replan", "+model.detector.min_size=128", "+model.detector.max_size=128",
             "trainer.max_epochs=2", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
             "trainer.enable_progress_bar=false", "callbacks.prediction_grid.images=2"]

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
 
-from conftest import run_in_process, synthetic_overrides
+from conftest import NARROW_MODEL, run_in_process, synthetic_overrides
 from cocodet.data.coco import build_index
 from cocodet.models.prediction_grid import GAP_RGB, TAG, class_colour, panel_origin
 
@@ -26,7 +26,7 @@ def bands(is_gap: np.ndarray) -> list[tuple[int, int]]:
 def test_grid_png_and_tensorboard_image(tmp_path, synthetic_root):
     tile = 160
     run = tmp_path / "run"
-    s = run_in_process([*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
+    s = run_in_process([*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16", NARROW_MODEL,
                         "trainer.max_epochs=2", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
                         "callbacks.prediction_grid.images=4", f"callbacks.prediction_grid.tile_px={tile}"], run)
     assert s["epochs"] == 2

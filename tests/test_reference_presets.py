@@ -311,9 +311,9 @@ SMALL = {"hflip": MODEL_SMALL, "multiscale": [*MODEL_SMALL, "augment.min_sizes=[
 def test_mid_epoch_resume_is_exact(preset, synthetic_root, tmp_path):
     """SIGTERM mid-epoch at two workers (a real process and signal), resume at none: the
     stream of the uninterrupted run. The runs without a signal run in this process."""
-    from conftest import REPO, run_train, synthetic_overrides
+    from conftest import NARROW_MODEL, REPO, run_train, synthetic_overrides
 
-    common = [*synthetic_overrides(synthetic_root), f"augment={preset}", *SMALL[preset], "loader.batch_size=8",
+    common = [*synthetic_overrides(synthetic_root), f"augment={preset}", *SMALL[preset], NARROW_MODEL, "loader.batch_size=8",
               "trainer.max_epochs=1", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
               "loader=explicit"]
     whole = run_in_process([*common, "loader.num_workers=2"], tmp_path / "whole")

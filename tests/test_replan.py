@@ -8,7 +8,7 @@ import os
 import signal
 
 import pytest
-from conftest import REPO, run_train
+from conftest import NARROW_MODEL, run_in_process, run_train
 from cocodet.loader.flat_batch import chain_stream_digest
 from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
 from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
@@ -17,8 +17,6 @@ from cocodet.loader.replan import Replanner, next_rung
 from cocodet.loader.resources import probe
 from test_loader_faults import coco640, needs_root, shm_namespace
 from test_policy import host
-
-ENV = {"PYTHONPATH": str(REPO / "tests")}
 
 
 def datamodule(root, workers: int, **replanner_args):
@@ -177,9 +175,10 @@ def test_the_ladder_is_fewer_workers_then_prefetch_one_then_in_process():
 def test_explicit_over_budget_in_64mb_shm_replans_and_keeps_the_stream(coco_tiny, tmp_path):
     # 640 px batches of 64 (75 MiB each) cannot fit a 64 MB /dev/shm at all; the detector
     # resizes to 64 px inside, so the steps are cheap and the data path is the real one.
-    args = [*coco640(coco_tiny), "+model.detector.min_size=64", "+model.detector.max_size=64", "trainer.max_epochs=2",
+    args = [*coco640(coco_tiny), "+model.detector.min_size=64", "+model.detector.max_size=64", NARROW_MODEL,
+            "trainer.max_epochs=2",
             "trainer.enable_progress_bar=false"]
-    _, plain = run_train([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
+    plain = run_in_process([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
     proc, s = run_train([*args, "loader=explicit", "loader.num_workers=4", "loader.on_failure=replan"],
                         tmp_path / "replan", prefix=shm_namespace(), timeout=900)
     assert s["status"] == "completed" and s["steps"] == plain["steps"] == 4
@@ -195,11 +194,11 @@ def test_explicit_over_budget_in_64mb_shm_replans_and_keeps_the_stream(coco_tiny
 
 @pytest.mark.slow
 def test_sigkilled_worker_in_auto_plan_continues_and_is_recorded(coco_tiny, tmp_path):
-    args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8",
+    args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL,
             "trainer.max_epochs=2", "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false"]
-    _, plain = run_train([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
+    plain = run_in_process([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
     kill = ["+callbacks.kill._target_=signal_at_step.KillWorkerAtStep", "+callbacks.kill.step=13"]
-    _, s = run_train([*args, *kill], tmp_path / "killed", env=ENV)
+    s = run_in_process([*args, *kill], tmp_path / "killed")  # it kills a worker, not this process
     assert s["status"] == "completed" and s["steps"] == plain["steps"] == 20
     assert s["plan"]["source"] == "auto" and s["on_failure"] == "replan"
     [record] = s["replans"]

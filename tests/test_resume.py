@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_train
+from conftest import NARROW_MODEL, REPO, run_in_process, run_train
 from cocodet.loader.stream_position import ResumeError, StreamPosition
 from cocodet.models.preemption import find_last_checkpoint
 
@@ -18,7 +18,7 @@ STEPS_PER_EPOCH = 10  # coco_tiny: 80 train images, batch 8
 
 
 def args(coco_tiny: Path, *extra: str) -> list[str]:
-    return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8",
+    return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL,
             "trainer.max_epochs=3", "trainer.limit_val_batches=2", "trainer.deterministic=true",
             "trainer.enable_progress_bar=false", *extra]
 
@@ -38,7 +38,7 @@ def weights(ckpt: str) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def uninterrupted(coco_tiny, tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("uninterrupted")
-    _, s = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=2"), base / "run", timeout=900)
+    s = run_in_process(args(coco_tiny, "loader=explicit", "loader.num_workers=2"), base / "run")  # no signal: this process
     assert s["status"] == "completed" and s["steps"] == 3 * STEPS_PER_EPOCH
     yield s
     shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
@@ -52,8 +52,7 @@ def test_sigterm_mid_epoch_then_resume_at_other_workers_is_exact(coco_tiny, tmp_
     assert first["status"] == "preempted" and first["steps"] == 15  # mid-epoch 1
     assert first["stream_position"]["epoch"] == 1 and first["stream_position"]["batches"] == 5
     assert "ckpt_path=last" in proc.stderr and str(run_dir) in proc.stderr
-    _, second = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=0", "ckpt_path=last"), run_dir,
-                          timeout=900)
+    second = run_in_process(args(coco_tiny, "loader=explicit", "loader.num_workers=0", "ckpt_path=last"), run_dir)
     assert second["status"] == "completed" and second["steps"] == 3 * STEPS_PER_EPOCH
     assert second["stream_digest"] == uninterrupted["stream_digest"]
     resumed, reference = weights(second["last_ckpt"]), weights(uninterrupted["last_ckpt"])
@@ -76,7 +75,7 @@ def test_sigkill_loses_at_most_every_n_steps_and_repeats_nothing(coco_tiny, tmp_
     assert proc.returncode == -9
     saved = torch.load(find_last_checkpoint(run_dir, run_dir), map_location="cpu", weights_only=False)
     assert kill_step - 5 <= saved["global_step"] <= kill_step
-    _, resumed = run_train(args(coco_tiny, "checkpoint.every_n_steps=5", "ckpt_path=last"), run_dir, timeout=900)
+    resumed = run_in_process(args(coco_tiny, "checkpoint.every_n_steps=5", "ckpt_path=last"), run_dir)
     assert resumed["steps"] == 3 * STEPS_PER_EPOCH
     assert resumed["stream_digest"] == uninterrupted["stream_digest"]  # no batch repeated or skipped
 

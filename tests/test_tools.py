@@ -7,7 +7,7 @@ import shutil
 
 import cv2
 
-from conftest import run_in_process, synthetic_overrides
+from conftest import NARROW_MODEL, run_in_process, synthetic_overrides
 
 
 def test_verify_reports_problems_in_one_table(tmp_path, coco_tiny, caplog):
@@ -45,7 +45,7 @@ def test_bench_with_the_model_consumer(tmp_path, synthetic_root):
 
 
 def test_weights_only_resume(tmp_path, synthetic_root):
-    base = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
+    base = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16", NARROW_MODEL,
             "trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
     first = run_in_process([*base, "trainer.max_epochs=1"], tmp_path / "a")
     second = run_in_process([*base, "trainer.max_epochs=2", f"ckpt_path={first['last_ckpt']}", "weights_only=true"],

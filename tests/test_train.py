@@ -41,30 +41,12 @@ def test_resume_continues_at_saved_step(tmp_path, synthetic_root):
 
 @pytest.mark.slow
 def test_coco_tiny_one_epoch_prints_cocoeval(tmp_path, coco_tiny):
-    """The acceptance command: python train.py dataset=coco dataset.root=... trainer.max_epochs=1."""
+    """The acceptance command: python train.py dataset=coco dataset.root=... trainer.max_epochs=1, at
+    320 px (at 160 px the one-epoch detector scores nothing, so COCOeval prints no table)."""
     args = ["dataset=coco", f"dataset.root={coco_tiny}", "trainer.max_epochs=1", "dataset.image_size=320"]
     proc, s = run_train(args, tmp_path / "run", timeout=1800)
     assert "Average Precision  (AP) @[ IoU=0.50:0.95" in proc.stdout + proc.stderr
     assert s["epochs"] == 1 and s["steps"] == 10  # 80 train images, batch 8
-
-
-@pytest.mark.slow
-def test_default_training_reaches_map50(default_recipe_run):
-    """`make train`'s recipe (the defaults, dataset generated in a temp dir) for its first 2 of 6
-    epochs: the end-to-end proof that images, boxes, labels and evaluation line up. mAP@0.5
-    reads about 0.75 after 2 epochs and 0.88-0.90 after `make train`'s 6 (docs/benchmarks.md),
-    so 0.25 is far from noise; the 6 epochs themselves are measured by `make train`. The run is
-    the session's (conftest), whose checkpoint test_use_checkpoint uses."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        assert compose(config_name="config").trainer.max_epochs == 6  # what make train runs
-    s = default_recipe_run["summary"]
-    assert s["map50"] >= 0.25, s
-    assert s["epochs"] == 2 and s["best_map"] is not None
-    assert s["health"]["warnings"] == [] and s["health"]["skipped_nonfinite_steps"] == 0, s["health"]
-    assert s["health"]["confident_predictions"] > 0
-    assert (default_recipe_run["run_dir"] / "val_predictions.png").stat().st_size > 0  # the last validation's grid
 
 
 def test_eval_max_images_limits_what_cocoeval_sees(tmp_path, synthetic_root, caplog):

@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import REPO, is_root, run_in_process, synthetic_overrides
+from conftest import NARROW_MODEL, REPO, is_root, run_in_process, synthetic_overrides
 from test_bad_input import make_dataset, write
 
 from cocodet.data import decode as decode_module
@@ -342,7 +342,7 @@ def test_every_checkpoint_the_app_writes_loads_with_weights_only(tmp_path, synth
     SIGTERM by the same callback): plain types only, so the safe default reads them all."""
     import torch
 
-    s = run_in_process([*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
+    s = run_in_process([*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16", NARROW_MODEL,
                         "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.max_epochs=2",
                         "checkpoint.every_n_steps=1", "logger=none"], tmp_path / "run")
     files = sorted((tmp_path / "run" / "checkpoints").glob("*.ckpt"))

@@ -1,12 +1,15 @@
-"""A trained checkpoint used three ways: mode=eval, mode=predict, mode=export (+ its standalone script).
+"""make train's recipe, trained once for 2 of its 6 epochs, and the checkpoint it leaves used
+three ways: mode=eval, mode=predict, mode=export (+ its standalone script).
 
-One short training run (the session's run of make train's recipe) serves every test; the detector is weak after it,
-so predictions are taken at score 0 (all it outputs), which is what validation scores too.
+The one training run serves every test here (one file, so that the two xdist processes never
+train it twice); the detector is weak after it, so predictions are taken at score 0 (all it
+outputs), which is what validation scores too.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import run_in_process, run_train
+from conftest import REPO, run_in_process, run_train
 from cocodet.models.evaluation import evaluate, load_ground_truth
 
 pytestmark = pytest.mark.slow
@@ -25,10 +28,33 @@ N_VAL = 96  # the default synthetic set's val split
 
 
 @pytest.fixture(scope="module")
-def trained(default_recipe_run):
-    """The session's run of make train's recipe (conftest), 2 epochs: its checkpoint."""
-    assert default_recipe_run["summary"]["status"] == "completed" and default_recipe_run["ckpt"]
-    return default_recipe_run
+def trained(tmp_path_factory):
+    """`make train`'s recipe (the defaults; the synthetic set generated in a temp dir) for its
+    first 2 of 6 epochs, as a user runs it (train.py in its own process)."""
+    base = tmp_path_factory.mktemp("default_recipe")
+    root = base / "synthetic"
+    _, s = run_train([f"dataset.root={root}", "trainer.max_epochs=2"], base / "run", timeout=1800)
+    assert s["status"] == "completed" and s["last_ckpt"]
+    yield {"root": root, "data": [f"dataset.root={root}"], "summary": s, "ckpt": s["last_ckpt"], "base": base,
+           "run_dir": base / "run"}
+    shutil.rmtree(base, ignore_errors=True)  # its checkpoints (about 0.2 GB each) go when the module ends
+
+
+def test_default_training_reaches_map50(trained):
+    """`make train`'s recipe for its first 2 of 6 epochs: the end-to-end proof that images,
+    boxes, labels and evaluation line up. mAP@0.5 reads about 0.75 after 2 epochs and
+    0.88-0.90 after `make train`'s 6 (docs/benchmarks.md), so 0.25 is far from noise; the 6
+    epochs themselves are measured by `make train`."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        assert compose(config_name="config").trainer.max_epochs == 6  # what make train runs
+    s = trained["summary"]
+    assert s["map50"] >= 0.25, s
+    assert s["epochs"] == 2 and s["best_map"] is not None
+    assert s["health"]["warnings"] == [] and s["health"]["skipped_nonfinite_steps"] == 0, s["health"]
+    assert s["health"]["confident_predictions"] > 0
+    assert (trained["run_dir"] / "val_predictions.png").stat().st_size > 0  # the last validation's grid
 
 
 def use(trained, mode: str, name: str, *extra) -> dict:
@@ -134,7 +160,7 @@ def test_two_rank_validation_equals_one_process(trained):
     subset.write_text(json.dumps(gt))
     common = [*trained["data"], "mode=eval", f"ckpt_path={trained['ckpt']}", f"dataset.val_ann={subset}",
               "trainer.enable_progress_bar=false"]
-    _, one = run_train(common, trained["base"] / "eval1")
+    one = run_in_process(common, trained["base"] / "eval1")
     proc, two = run_train([*common, "trainer=ddp_cpu"], trained["base"] / "eval2", timeout=900)
     assert one["map"] > 0 and one["images"] == two["images"] == N_VAL - 1
     assert one["padded_repeats_removed"] == 0 and two["padded_repeats_removed"] == 1
