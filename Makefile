@@ -31,8 +31,8 @@ bench: venv
 
 # Both suites run in two test processes (pytest-xdist), one file per process at a time so that
 # module fixtures are built once, longest files first (tests/conftest.py), each process on one
-# compute thread (a step of the default model on one thread costs 1.2x what it costs on two, so
-# two processes side by side do about 1.7x the work of one). Tests marked serial measure
+# compute thread (docs/benchmarks.md, "The test suites' time": the slow suite went from 28 to
+# 14 minutes with the changes made there). Tests marked serial measure
 # throughput on a pinned core and run alone afterwards. pytest's exit 5 (nothing selected, as
 # when PYTEST_ARGS names only files without serial tests) is not a failure there.
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 # Under pytest-xdist (make test, make test-slow) two test processes share the 2 CPUs: each
-# process, and every train.py it starts, computes on one thread. Measured on fcos_resnet18_fpn
-# at 64 px, batch 8: 0.44 s a step on one thread against 0.36 s on two, so two tests side by
-# side do nearly twice the work, where two-thread processes would fight over the cores. Set
-# before torch is imported anywhere in this process.
+# process, and every train.py it starts, computes on one thread, so that two tests' trainings do
+# not fight over the cores. A step costs 1.4-1.8x on one thread what it costs on two
+# (scripts/step_cost.py), but a test spends much of its time on one core anyway (imports,
+# checkpoint writes, COCOeval, start-up): alone, the slow suite kept 1.37 of the 2 cores busy.
+# Set before torch is imported anywhere in this process.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 

@@ -31,11 +31,14 @@ def _fcos_resnet18_fpn(*, weights=None, weights_backbone=None, num_classes: int,
     backbone = resnet18(weights=weights_backbone)
     trainable = 5 if weights_backbone is None else 3  # from scratch every stage must learn
     backbone = _resnet_fpn_extractor(backbone, trainable, returned_layers=[2, 3, 4],
-                                     extra_blocks=LastLevelP6P7(fpn_channels, fpn_channels))
-    if fpn_channels != 256:  # torchvision's extractor fixes 256: the same FPN and head at another width
+                                     extra_blocks=LastLevelP6P7(256, 256))
+    if fpn_channels != 256:
+        # torchvision's extractor (which also freezes the stages not trained) fixes the FPN at 256
+        # channels: the same FPN on its body (C3-C5: 128, 256, 512 channels) at this width, and
+        # the head FCOS would build for it (one anchor per location).
         backbone = BackboneWithFPN(backbone.body, {"layer2": "0", "layer3": "1", "layer4": "2"}, [128, 256, 512],
                                    fpn_channels, extra_blocks=LastLevelP6P7(fpn_channels, fpn_channels))
-        kwargs["head"] = tvd.fcos.FCOSHead(fpn_channels, 1, num_classes)  # one anchor per location, as FCOS's own
+        kwargs["head"] = tvd.fcos.FCOSHead(fpn_channels, 1, num_classes)
     return tvd.FCOS(backbone, num_classes=num_classes, **kwargs)
 
 
