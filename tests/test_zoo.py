@@ -1,5 +1,6 @@
-"""The zoo's own model, fcos_resnet18_fpn: its default is torchvision's FCOS at width 256, and
-model.detector.fpn_channels narrows the FPN and the head together."""
+"""The zoo's own model, fcos_resnet18_fpn: its default is torchvision's FCOS at width 256,
+model.detector.fpn_channels narrows the FPN and the head together, and a checkpoint of another
+width (or model, or number of categories) is refused in one line that says what differs."""
 
 from __future__ import annotations
 
@@ -49,3 +50,30 @@ def test_a_narrower_width_reaches_the_fpn_and_the_head_and_trains():
 def test_a_width_the_groupnorm_cannot_split_is_refused():
     with pytest.raises(ValueError, match="fpn_channels=48.*multiple of 32"):
         build_detector("fcos_resnet18_fpn", num_classes=4, image_size=64, fpn_channels=48)
+
+
+class Wrapped(torch.nn.Module):
+    """The detector under ``model``, as DetectorModule holds it (its checkpoint keys)."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.model = build_detector(num_classes=4, image_size=64, **kwargs)
+
+
+def test_a_checkpoint_of_another_width_or_model_is_refused_with_what_differs():
+    from cocodet.inference.checkpoint import load_weights
+    from cocodet.models.checkpoint_file import CheckpointError
+
+    narrow = {"state_dict": Wrapped(name="fcos_resnet18_fpn", fpn_channels=64).state_dict()}
+    with pytest.raises(CheckpointError) as caught:
+        load_weights(Wrapped(name="fcos_resnet18_fpn"), "narrow.ckpt", True, narrow)
+    line = str(caught.value)
+    assert "first model.backbone.fpn.inner_blocks.0.0.weight: [64, 128, 1, 1] saved, [256, 128, 1, 1] configured" in line
+    assert "trained with model.detector.fpn_channels=64" in line and "\n" not in line
+    with pytest.raises(CheckpointError, match=r"tensors missing, first \['model.backbone.body.0.0.weight'\]"):
+        load_weights(Wrapped(name="fasterrcnn_mobilenet_v3_large_fpn"), "narrow.ckpt", True, narrow)
+    four = {"state_dict": Wrapped(name="fcos_resnet18_fpn").state_dict()}
+    wider = Wrapped(name="fcos_resnet18_fpn")
+    wider.model = build_detector("fcos_resnet18_fpn", num_classes=7, image_size=64)
+    with pytest.raises(CheckpointError, match="cls_logits.weight.*another number of categories"):
+        load_weights(wider, "four.ckpt", True, four)
