@@ -28,10 +28,13 @@ def series(rows: list[dict], key: str) -> list[int]:
 OWN_SHM = is_root() and shutil.which("unshare") is not None
 
 
+alone_without_own_shm = (lambda test: test) if OWN_SHM else pytest.mark.serial
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("shm", [pytest.param("own" if OWN_SHM else "host", marks=[] if OWN_SHM else [pytest.mark.serial])])
-def test_hundred_epochs_leak_no_fds_shm_or_memory(coco_tiny, tmp_path, shm):
+@alone_without_own_shm
+def test_hundred_epochs_leak_no_fds_shm_or_memory(coco_tiny, tmp_path):
     probe = tmp_path / "probe.jsonl"
     args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL,
             "loader=explicit", "loader.num_workers=2", "loader.on_failure=replan", f"trainer.max_epochs={EPOCHS}",
@@ -42,7 +45,7 @@ def test_hundred_epochs_leak_no_fds_shm_or_memory(coco_tiny, tmp_path, shm):
             "+callbacks.kill._target_=signal_at_step.KillWorkerAtStep", "+callbacks.kill.step=5",
             "+callbacks.probe._target_=signal_at_step.ResourceProbe", f"+callbacks.probe.path={probe}"]
     _, s = run_train(args, tmp_path / "run", env={"PYTHONPATH": str(REPO / "tests")}, timeout=1200,
-                     prefix=shm_namespace("1g") if shm == "own" else None)
+                     prefix=shm_namespace("1g") if OWN_SHM else None)
     assert s["status"] == "completed" and s["epochs"] == EPOCHS
     [replan] = s["replans"]  # the SIGKILL before epoch 5: one re-plan that keeps a worker
     assert replan["epoch"] < 5 and replan["new_workers"] >= 1 and replan["new_val_workers"] >= 1
