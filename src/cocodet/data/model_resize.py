@@ -29,6 +29,11 @@ BUILDER_SIZES: dict[str, tuple[int, int]] = {
     "fcos_resnet50_fpn": (800, 1333),
     "fcos_resnet18_fpn": (800, 1333),  # torchvision's FCOS class defaults
 }
+# (height, width) an SSD-family model's transform resizes every image to (its builder's fixed_size),
+# for augment=ssd|ssdlite (data/ssd_presets.py).
+FIXED_SIZES: dict[str, tuple[int, int]] = {
+    "ssdlite320_mobilenet_v3_large": (320, 320),
+}
 
 
 class ModelSizeError(UserError, ValueError):
@@ -41,9 +46,18 @@ def builder_sizes(model: str, min_size: int | None = None, max_size: int | None 
     if model not in BUILDER_SIZES:
         raise ModelSizeError(f"augment=hflip|multiscale|lsj size images as {model}'s own transform would, and "
                              f"{model} fixes its input size instead; use one of {sorted(BUILDER_SIZES)}, or "
-                             "augment=mosaic|basic|none")
+                             + ("augment=ssd|ssdlite (its own presets)" if model in FIXED_SIZES else "augment=mosaic|basic|none"))
     default_min, default_max = BUILDER_SIZES[model]
     return int(min_size or default_min), int(max_size or default_max)
+
+
+def fixed_sizes(model: str) -> tuple[int, int]:
+    """The fixed (height, width) ``model``'s transform resizes every image to."""
+    if model not in FIXED_SIZES:
+        raise ModelSizeError(f"augment=ssd|ssdlite resize every image to the fixed square of an SSD model's "
+                             f"transform, and {model} resizes by min_size/max_size instead; use "
+                             f"model={'|'.join(sorted(FIXED_SIZES))}, or augment=hflip|multiscale|lsj with {model}")
+    return FIXED_SIZES[model]
 
 
 def resized_hw(h: int, w: int, min_size: int, max_size: int) -> tuple[int, int]:

@@ -79,6 +79,15 @@ class Recipe:
 
         return Letterbox(self.image_size)
 
+    def working_bytes(self) -> int:
+        """A worker's largest intermediate beyond its outputs, added to the plan's footprint estimate."""
+        return 0
+
+    def export_resize(self) -> dict:
+        """How an exported model's input is made, as this (evaluation) recipe makes it
+        (``model.json``'s ``input.resize``, applied by the standalone predict script)."""
+        return {"kind": "letterbox", "size": self.image_size, "pad_value": PAD_VALUE}
+
     def partners(self, rng: np.random.Generator) -> int:
         """How many extra raw samples this call will consume (drawn before any decode)."""
         return 0

@@ -102,6 +102,9 @@ class ModelResize(ReferencePreset):
     def eval_recipe(self) -> "ModelResize":
         return self
 
+    def export_resize(self) -> dict:
+        return {"kind": "shortest_side", "min_size": self.model_sizes[0], "max_size": self.model_sizes[1]}
+
     def __call__(self, raw: Raw, rng, partner_raws, out=None) -> Sample:
         image, boxes, labels = raw
         resized, boxes, scale = self._model_resize(image, boxes)

@@ -1,9 +1,11 @@
 """mode=export: the detector as a file that runs without cocodet, with its metadata and a
 standalone predict script (numpy, OpenCV and the runtime only).
 
-The network takes float RGB images in [0, 1]; the letterbox resize before it and the
-mapping of boxes back to the original image after it happen outside the network, in the
-shipped ``predict.py``, exactly as ``mode=predict`` does them.
+The network takes float RGB images in [0, 1]; the resize before it (validation's: the
+letterbox, the model's shortest-side resize with augment=hflip|multiscale|lsj, or an SSD's
+fixed square with augment=ssd|ssdlite; ``model.json``'s ``input.resize``) and the mapping of
+boxes back to the original image after it happen outside the network, in the shipped
+``predict.py``, exactly as ``mode=predict`` does them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import torch
 
 from cocodet import schema
 from cocodet.errors import UserError
-from cocodet.data.augment import PAD_VALUE
 
 log = logging.getLogger(__name__)
 STANDALONE = Path(__file__).with_name("standalone_predict.py")
@@ -27,53 +28,65 @@ class ExportError(UserError):
     """The model cannot be exported in the asked format."""
 
 
+# What the standalone script does before the network, per kind of resize (model.json's input.resize).
+RESIZE_WORDS = {
+    "letterbox": "resize the long side to {size} keeping the aspect ratio (INTER_AREA when shrinking; a JPEG at "
+                 "least 2x/4x/8x larger decoded at 1/2, 1/4, 1/8 first), pad bottom/right with {pad_value} to "
+                 "{size}x{size}",
+    "shortest_side": "resize to floor(side x s) with s = min({min_size} / shorter side, {max_size} / longer side), "
+                     "bilinear without antialias on uint8 (torch's interpolate, align_corners=False), no padding",
+    "fixed": "resize to {height}x{width} without keeping the aspect ratio, bilinear without antialias on uint8 "
+             "(torch's interpolate, align_corners=False)",
+}
+
+
 def export(module, datamodule, *, fmt: str, model_name: str, run_dir: Path, opset: int) -> dict:
-    if datamodule.eval_recipe.decode_size is None:
-        raise ExportError(f"mode=export writes a predict.py that letterboxes to dataset.image_size, and this model was "
-                          f"trained with {type(datamodule.train_set.recipe).__name__} (the model's own resize, "
-                          f"{datamodule.eval_recipe.model_sizes[0]}/{datamodule.eval_recipe.model_sizes[1]}): it would "
-                          "be fed differently from how it was trained. Use mode=predict for this model, or export a "
-                          "model trained with augment=mosaic|basic|none")
+    resize = datamodule.eval_recipe.export_resize()  # as validation fed the model (design §13)
     out = run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
     model = module.model.cpu().eval()
-    size = datamodule.image_size
     if fmt == "torchscript":
         path = out / "model.torchscript.pt"
         torch.jit.script(model).save(str(path))
     elif schema.check("export.format", fmt) == "onnx":
         path = out / "model.onnx"
-        _export_onnx(model, size, path, opset)
+        _export_onnx(model, resize, path, opset)
+    letterbox = resize["kind"] == "letterbox"
     meta = {
         "format": fmt, "model": model_name, "file": path.name,
         "input": {"dtype": "float32", "range": [0.0, 1.0], "channels": "RGB", "layout": "CHW",
-                  "size": size, "pad_value": PAD_VALUE,
-                  "letterbox": f"resize the long side to {size} keeping the aspect ratio (INTER_AREA when "
-                               f"shrinking; a JPEG at least 2x/4x/8x larger decoded at 1/2, 1/4, 1/8 first), "
-                               f"pad bottom/right with {PAD_VALUE} to {size}x{size}"},
-        "output": "boxes xyxy in the letterboxed frame, labels 1..K (0: background), scores; divide boxes by "
-                  "the resize scale and clip to the original image",
+                  "size": resize.get("size"), "pad_value": resize.get("pad_value"), "resize": resize,
+                  "how": RESIZE_WORDS[resize["kind"]].format(**resize)},
+        "output": "boxes xyxy in the resized frame, labels 1..K (0: background), scores; divide boxes by the resize "
+                  "scale" + ("" if letterbox else " of each axis (resized / original side)") + " and clip to the "
+                  "original image",
         "categories": [{"label": k + 1, "id": int(c), "name": n}
                        for k, (c, n) in enumerate(zip(datamodule.val_index.category_ids.tolist(),
                                                       datamodule.val_index.category_names))],
     }
     (out / "model.json").write_text(json.dumps(meta, indent=2))
     shutil.copyfile(STANDALONE, out / "predict.py")
-    log.info("exported %s to %s (+ model.json, predict.py): python %s --model %s IMAGE...", fmt, path,
-             out / "predict.py", path)
+    log.info("exported %s to %s (+ model.json, predict.py; input: %s): python %s --model %s IMAGE...", fmt, path,
+             meta["input"]["how"], out / "predict.py", path)
     return {"mode": "export", "format": fmt, "model_file": str(path), "metadata": str(out / "model.json"),
-            "predict_script": str(out / "predict.py"), "bytes": path.stat().st_size}
+            "predict_script": str(out / "predict.py"), "bytes": path.stat().st_size, "resize": resize}
 
 
-def _export_onnx(model: torch.nn.Module, size: int, path: Path, opset: int) -> None:
+def _export_onnx(model: torch.nn.Module, resize: dict, path: Path, opset: int) -> None:
     try:
         import onnx  # noqa: F401  (the exporter needs it; named here to say so)
     except ImportError as e:
         raise ExportError("export.format=onnx needs the onnx extra: pip install '.[onnx]'") from e
-    example = [torch.rand(3, size, size)]
+    if resize["kind"] == "shortest_side":  # every image its own size: height and width stay free
+        from cocodet.data.model_resize import resized_hw
+
+        hw, dynamic = resized_hw(480, 640, resize["min_size"], resize["max_size"]), {"image": {1: "height", 2: "width"}}
+    else:
+        hw, dynamic = (resize["height"], resize["width"]) if resize["kind"] == "fixed" else (resize["size"],) * 2, None
+    example = [torch.rand(3, *hw)]
     with torch.no_grad():
         keys = list(model(example)[0].keys())  # the detector's own output order (FCOS: boxes, scores, labels)
     # The TorchScript-based exporter: torch.onnx's dynamo exporter does not trace torchvision's
     # detection postprocessing (data-dependent NMS) in torch 2.14.
     torch.onnx.export(model, (example,), str(path), opset_version=opset, input_names=["image"],
-                      output_names=keys, dynamo=False)
+                      output_names=keys, dynamic_axes=dynamic, dynamo=False)

@@ -5,9 +5,10 @@
 
 Prints (or writes) one JSON list of {"file", "bbox" [x, y, w, h] in the original image's
 pixels, "category_id", "category", "score"}. The preprocessing is cocodet's validation
-path: decode (reduced JPEG decode when the image is at least 2x larger than the input),
-letterbox resize of the long side, grey padding bottom/right; boxes are mapped back by the
-resize scale and clipped to the image.
+path, as model.json's ``input.resize`` records it: the letterbox (reduced JPEG decode when the
+image is at least 2x larger than the input, resize of the long side, grey padding
+bottom/right), the detector's shortest-side resize, or an SSD's fixed square; boxes are
+mapped back by the resize scale of each axis and clipped to the image.
 
 Before any decode, the image's size is read from its header (JPEG, PNG; other formats through
 PIL's lazy open when PIL is installed): a file above ``--max-image-pixels`` (default
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import struct
 import sys
 from pathlib import Path
@@ -68,19 +70,20 @@ def header_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def preprocess(path: str, size: int, pad_value: int,
-               max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, tuple[int, int], float]:
-    """The model's input for one file. Raises ValueError, undecoded, for an image whose header
-    is above ``max_pixels``, and for a file that is not a decodable image."""
+def read_image(path: str, max_pixels: int, long_side: int | None) -> tuple[np.ndarray, tuple[int, int], int]:
+    """(RGB uint8 image, stored (h, w), reduction): decoded at 1/2, 1/4 or 1/8 when a JPEG is
+    at least that many times larger than ``long_side`` (None: always at its stored size). Raises
+    ValueError, undecoded, for an image whose header is above ``max_pixels``, and for a file
+    that is not a decodable image."""
     data = Path(path).read_bytes()
     stored = header_size(data)
     if stored and stored[0] * stored[1] > max_pixels:
         raise ValueError(f"too large: the header says {stored[0]}x{stored[1]} = "
                          f"{stored[0] * stored[1] / 1e6:.0f} MP, above --max-image-pixels={max_pixels}; not decoded")
     reduction = 1
-    if stored and data[:2] == b"\xff\xd8":
+    if long_side and stored and data[:2] == b"\xff\xd8":
         for factor in (8, 4, 2):
-            if max(stored) // factor >= size:
+            if max(stored) // factor >= long_side:
                 reduction = factor
                 break
     try:
@@ -93,14 +96,50 @@ def preprocess(path: str, size: int, pad_value: int,
     h, w = image.shape[:2]
     if h * w * reduction * reduction > max_pixels:  # a format whose header could not be read
         raise ValueError(f"too large: decoded {h}x{w}, above --max-image-pixels={max_pixels}")
-    orig = stored if reduction > 1 else (h, w)
-    r = size / max(h, w)
-    nh, nw = max(1, round(h * r)), max(1, round(w * r))
-    if (nh, nw) != (h, w):
-        image = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
-    canvas = np.full((size, size, 3), pad_value, np.uint8)
-    canvas[:nh, :nw] = image
-    return canvas.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0), orig, r / reduction
+    return image, (stored if reduction > 1 else (h, w)), reduction
+
+
+def bilinear_uint8(image: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """HxWx3 uint8 resized to ``hw`` as cocodet's loader resizes for the model (torch's bilinear,
+    align_corners=False, no antialias, on uint8); OpenCV's INTER_LINEAR, within one level of it,
+    where torch is not installed (an ONNX runtime alone)."""
+    if tuple(image.shape[:2]) == tuple(hw):
+        return image
+    try:
+        import torch
+    except ImportError:
+        return cv2.resize(image, (hw[1], hw[0]), interpolation=cv2.INTER_LINEAR)
+    source = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]  # the loader's layout
+    out = torch.nn.functional.interpolate(source, size=tuple(hw), mode="bilinear", align_corners=False, antialias=False)
+    return out[0].permute(1, 2, 0).contiguous().numpy()
+
+
+def preprocess(path: str, resize: dict, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+               ) -> tuple[np.ndarray, tuple[int, int], tuple[float, float]]:
+    """The model's input for one file, as validation made it (``resize``: model.json's
+    ``input.resize``), its stored (h, w) and the (y, x) scales from stored to input pixels."""
+    kind = resize["kind"]
+    image, orig, reduction = read_image(path, max_pixels, resize["size"] if kind == "letterbox" else None)
+    h, w = image.shape[:2]
+    if kind == "letterbox":
+        size, r = resize["size"], resize["size"] / max(h, w)
+        nh, nw = max(1, round(h * r)), max(1, round(w * r))
+        if (nh, nw) != (h, w):
+            image = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+        canvas = np.full((size, size, 3), resize["pad_value"], np.uint8)
+        canvas[:nh, :nw] = image
+        return canvas.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0), orig, (r / reduction,) * 2
+    if kind == "shortest_side":  # the detector's own transform's arithmetic (Python floats, floor)
+        s = min(resize["min_size"] / min(h, w), resize["max_size"] / max(h, w))
+        hw = (int(math.floor(h * s)), int(math.floor(w * s)))
+    elif kind == "fixed":
+        hw = (resize["height"], resize["width"])
+    else:
+        raise ValueError(f"model.json: unknown input.resize kind {kind!r} (this predict.py knows letterbox, "
+                         "shortest_side, fixed)")
+    image = bilinear_uint8(image, hw)
+    scale = (float(np.float32(hw[0]) / np.float32(h)), float(np.float32(hw[1]) / np.float32(w)))
+    return image.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0), orig, scale
 
 
 def load_runner(model_path: str, device: str = "cpu"):
@@ -150,13 +189,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="skip, undecoded, an image whose header says it has more pixels (default %(default)s)")
     args = p.parse_args(argv)
     meta = json.loads(Path(args.meta or Path(args.model).with_name("model.json")).read_text())
-    size, pad = meta["input"]["size"], meta["input"]["pad_value"]
+    # Files exported before input.resize existed: the letterbox, then the only kind.
+    resize = meta["input"].get("resize") or {"kind": "letterbox", "size": meta["input"]["size"],
+                                             "pad_value": meta["input"]["pad_value"]}
     categories = {c["label"]: c for c in meta["categories"]}
     run = load_runner(args.model, args.device)
     results = []
     for path in args.images:
         try:
-            x, (h, w), scale = preprocess(path, size, pad, args.max_image_pixels)
+            x, (h, w), (sy, sx) = preprocess(path, resize, args.max_image_pixels)
         except (OSError, ValueError) as e:  # one bad file does not end a folder's run
             sys.stderr.write(f"skipped {path}: {getattr(e, 'strerror', None) or e}\n")
             continue
@@ -164,7 +205,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for box, label, score in zip(boxes, labels, scores):
             if int(label) == 0 or float(score) < args.score:
                 continue
-            x0, y0, x1, y1 = (np.asarray(box, np.float64) / scale).tolist()
+            x0, y0, x1, y1 = (np.asarray(box, np.float64) / np.array([sx, sy, sx, sy])).tolist()
             x0, x1 = min(max(x0, 0.0), w), min(max(x1, 0.0), w)
             y0, y1 = min(max(y0, 0.0), h), min(max(y1, 0.0), h)
             category = categories[int(label)]

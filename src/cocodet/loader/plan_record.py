@@ -46,6 +46,7 @@ class BatchGeometry:
     partner_pool: int = 0
     image_side: int | None = None  # the largest (padded) image side a train batch may hold
     val_image_side: int | None = None  # the same for a val batch (None: image_side)
+    worker_working_bytes: int = 0  # the recipe's largest intermediate (SSD's zoom-out canvas), added to the footprint estimate
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def plan_loader(request: LoaderRequest, batches: BatchGeometry, resources: HostR
     _check_request(request)
     policy, requested = request.policy, request.requested
     val_bytes, val_size = batches.val_batch_bytes or batches.batch_bytes, batches.val_batch_size or batches.batch_size
-    budget = host_budget(resources, request.worker_footprint_bytes or DEFAULT_WORKER_FOOTPRINT,
+    budget = host_budget(resources, request.worker_footprint_bytes or DEFAULT_WORKER_FOOTPRINT + batches.worker_working_bytes,
                          max(batches.batch_bytes, batches.val_batch_bytes or 0), request.persistent_workers)
     part_images = request.part_images if request.part_images is None or request.part_images < batches.batch_size else None
     train = draft(batches.batch_bytes, batches.batch_size, request.prefetch_factor, part_images)

@@ -76,8 +76,8 @@ def build_detector(name: str, num_classes: int, image_size: int, pretrained: boo
         num_classes: classes including background (contiguous labels 1..K, 0 = background).
         image_size: the letterboxed input side; the detector's own transform is set not to resize.
         loader_resizes: the loader resizes as the builder's transform would (the reference
-            presets): its sizes stay the builder's (or min_size / max_size in kwargs), and the
-            transform becomes a :class:`LoaderSizedTransform`.
+            presets; an SSD's fixed size with ``ssd|ssdlite``): its sizes stay the builder's (or
+            min_size / max_size in kwargs), and the transform becomes a :class:`LoaderSizedTransform`.
         pretrained: COCO detection weights (downloads; the head is re-initialised for num_classes).
         pretrained_backbone: ImageNet backbone weights (downloads).
         kwargs: passed to the torchvision builder (e.g. box_score_thresh, detections_per_img).
@@ -99,12 +99,11 @@ def build_detector(name: str, num_classes: int, image_size: int, pretrained: boo
 
 
 def _loader_sized(model: torch.nn.Module) -> torch.nn.Module:
+    """The model with its transform swapped for a :class:`LoaderSizedTransform` of the same
+    sizes, statistics and padding (an SSD's fixed size and size_divisible=1 included)."""
     t = model.transform
-    if t.fixed_size is not None:
-        raise ValueError(f"{type(model).__name__} fixes its input size {t.fixed_size}; the reference presets "
-                         "size images for transforms that resize by min_size / max_size")
     model.transform = LoaderSizedTransform(t.min_size, t.max_size, t.image_mean, t.image_std,
-                                           size_divisible=t.size_divisible)
+                                           size_divisible=t.size_divisible, fixed_size=t.fixed_size)
     return model
 
 

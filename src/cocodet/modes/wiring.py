@@ -68,25 +68,31 @@ def batch_geometry(cfg: DictConfig) -> BatchGeometry:
     train_side, val_side = image_sides(cfg)
     val = int(loader.val_batch_size) if loader.get("val_batch_size") else None
     val_bytes = batch_bytes(val or batch, val_side) if val or val_side != train_side else None
+    working = build_recipe(cfg).working_bytes() if is_reference_preset(cfg) else 0
     return BatchGeometry(batch, batch_bytes(batch, train_side), val_batch_size=val, val_batch_bytes=val_bytes,
                          partner_pool=cfg.augment.get("partner_pool") or 0, image_side=round_up(train_side),
-                         val_image_side=round_up(val_side))
+                         val_image_side=round_up(val_side), worker_working_bytes=working)
 
 
 def is_reference_preset(cfg: DictConfig) -> bool:
-    """augment=hflip|multiscale|lsj: the loader sizes images as the model's transform would."""
-    return str(cfg.augment.get("_target_", "")).startswith("cocodet.data.reference_presets.")
+    """augment=hflip|multiscale|lsj|ssd|ssdlite: the loader sizes images as the model's transform would."""
+    return str(cfg.augment.get("_target_", "")).startswith(("cocodet.data.reference_presets.",
+                                                            "cocodet.data.ssd_presets."))
 
 
 def build_recipe(cfg: DictConfig):
     """The train recipe; the reference presets also learn the chosen model's resize (its
-    builder's sizes, or ``model.detector.min_size`` / ``max_size``). Torch-free for those."""
+    builder's sizes, or ``model.detector.min_size`` / ``max_size``; an SSD's fixed size for
+    ``ssd|ssdlite``). Torch-free for those."""
     kwargs = {"image_size": int(cfg.dataset.image_size)}
     if is_reference_preset(cfg):
-        from cocodet.data.model_resize import builder_sizes
+        from cocodet.data.model_resize import builder_sizes, fixed_sizes
 
         detector = cfg.model.detector
-        kwargs["model_sizes"] = builder_sizes(str(detector.name), detector.get("min_size"), detector.get("max_size"))
+        if str(cfg.augment._target_).startswith("cocodet.data.ssd_presets."):
+            kwargs["model_sizes"] = fixed_sizes(str(detector.name))
+        else:
+            kwargs["model_sizes"] = builder_sizes(str(detector.name), detector.get("min_size"), detector.get("max_size"))
     return instantiate(cfg.augment, **kwargs, _convert_="all")
 
 
