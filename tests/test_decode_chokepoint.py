@@ -17,7 +17,7 @@ ALLOWED = {
     "cocodet.data.decode._imdecode": "the one decode; reached only through decode_checked",
     "cocodet.data.image_header._pil_size": "PIL's lazy open reads the header only",
     "cocodet.bench.common_way.CommonWayDataset._raw": "the PIL baseline; check_header first",
-    "cocodet.inference.standalone_predict.preprocess": "cannot import cocodet; its own header check first",
+    "cocodet.inference.standalone_predict.read_image": "cannot import cocodet; its own header check first",
     "cocodet.inference.standalone_predict.header_size": "PIL's lazy open reads the header only",
 }
 DECODERS = {"cv2.imdecode", "cv2.imread", "cv2.imreadmulti", "cv2.imdecodemulti", "cv2.imreadanimation",
