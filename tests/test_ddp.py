@@ -71,6 +71,30 @@ def test_two_ranks_take_every_train_index_once_and_evaluate_each_val_image_once(
 
 
 @pytest.mark.slow
+def test_grouped_batches_end_the_epoch_on_both_ranks_each_image_once(coco79, tmp_path):
+    """loader.group_aspect_ratio=3 under trainer=ddp_cpu: batches from one aspect-ratio bin, the
+    epoch's batch list padded to an even count by repeating whole batches, so both ranks run the
+    same steps (a rank with one step more would hang at the next collective) and every train
+    image is taken; the repeats are exactly the padding batches' images."""
+    import numpy as np
+    from cocodet.data.coco import build_index
+    from cocodet.data.grouped_sampler import GroupedEpochSampler
+
+    _, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", "loader.num_workers=0", "augment=hflip",
+                          "+model.detector.min_size=64", "+model.detector.max_size=96", "loader.group_aspect_ratio=3",
+                          "trainer.limit_val_batches=1"), tmp_path / "run", timeout=900)
+    index = build_index(coco79 / "train2017", coco79 / "annotations" / "instances_train2017.json",
+                        keep_empty="reference")
+    ranks = [GroupedEpochSampler(np.asarray(index.sizes), 8, 3, seed=0, rank=r, world_size=2) for r in (0, 1)]
+    ddp = s["ddp"]
+    assert s["status"] == "completed" and s["plan"]["group_aspect_ratio"] == 3
+    assert s["steps"] == ranks[0].rank_batches == ranks[1].rank_batches
+    assert ddp["train_images"] == len(index) and ddp["train_unique"] == len(index)
+    assert ddp["train_consumed"] == len(ranks[0]) + len(ranks[1]) and ddp["train_padded"] == ddp["train_consumed"] - len(index)
+    assert len(ddp["stream_digests"]) == 2
+
+
+@pytest.mark.slow
 def test_rank_zero_alone_writes_and_prints_the_summary(two_ranks):
     proc, s, run_dir = two_ranks[0]
     json_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

@@ -318,6 +318,7 @@ def test_mid_epoch_resume_is_exact(preset, synthetic_root, tmp_path):
               "loader=explicit"]
     whole = run_in_process([*common, "loader.num_workers=2"], tmp_path / "whole")
     assert whole["status"] == "completed" and whole["steps"] == 6
+    assert whole["plan"]["group_aspect_ratio"] == 3  # the presets' default: grouped batches resume exactly too
     signal = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=3",
               "+callbacks.signal_at.signal_name=SIGTERM"]
     _, first = run_train([*common, "loader.num_workers=2", *signal], tmp_path / "cut",
@@ -339,3 +340,5 @@ def test_preview_draws_preset_batches_at_their_sizes(tmp_path, coco_tiny):
     assert len(grids) == 2 and all(g is not None and g.std() > 20 for g in grids)
     assert all(g.shape[0] >= 480 and g.shape[1] >= 4 * 480 for g in grids)  # tiles at the drawn sizes, not 128
     assert grids[0].shape != grids[1].shape  # each batch its own size
+    assert s["group_aspect_ratio"] == 3 and len(s["batch_bins"]) == 2
+    assert all(len(set(b)) == 1 for b in s["batch_bins"]), s["batch_bins"]  # grouped: one bin per batch

@@ -18,6 +18,7 @@ from cocodet.data.recipe import Recipe
 from cocodet.data.bad_samples import BadSampleLedger
 from cocodet.data.coco import BadSampleError
 from cocodet.data.dataset import DetectionDataset, EpochSampler
+from cocodet.data.grouped_sampler import GroupedEpochSampler
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.pixel_cache import open_pixel_cache
 from cocodet.data.splits import load_splits
@@ -68,6 +69,8 @@ class CocoDataModule(L.LightningDataModule):
             recipes that read stored pixels (the reference presets).
         run_dir: where ``bad_samples.jsonl`` and ``verify.json`` go.
         max_image_pixels: images whose header is larger are bad samples, never decoded.
+        group_aspect_ratio: train batches from one of 2k + 2 aspect-ratio bins
+            (``data/grouped_sampler.py``); None: batches in shuffled order.
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
@@ -75,7 +78,7 @@ class CocoDataModule(L.LightningDataModule):
                  val_batch_size: int | None = None, keep_empty: bool | str | None = None, on_bad_sample: str = "raise",
                  verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
                  cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None,
-                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, group_aspect_ratio: int | None = None):
         super().__init__()
         self.run_dir = Path(run_dir) if run_dir else None
         self.max_image_pixels = max_image_pixels  # every decode of this run's files checks it (data/decode.py)
@@ -119,7 +122,8 @@ class CocoDataModule(L.LightningDataModule):
         self.fetched_at: float | None = None  # when the last batch left the loader (the wait's end)
         self._pin_checked = False
         self.first_batch_pinned: bool | None = None  # None: no batch went to CUDA
-        self.stream = StreamLedger(batch_size, seed)  # position, digest, consumption (design §5)
+        self.group_aspect_ratio = group_aspect_ratio  # train batches from one aspect-ratio bin (None: not grouped)
+        self.stream = StreamLedger(batch_size, seed, group_aspect_ratio)  # position, digest, consumption (design §5)
 
     def _verify(self, on_bad_sample: str, max_image_pixels: int) -> None:
         """dataset.verify: scan every image once. With on_bad_sample=skip, the images found bad
@@ -158,6 +162,9 @@ class CocoDataModule(L.LightningDataModule):
         rank, world = 0, 1
         if self.trainer is not None:
             rank, world = self.trainer.global_rank, self.trainer.world_size
+        if shuffle and self.group_aspect_ratio:  # the train stream; validation keeps its order
+            return GroupedEpochSampler(dataset.index.sizes, self.batch_size, self.group_aspect_ratio, self.seed,
+                                       rank, world)
         return EpochSampler(len(dataset), self.seed, shuffle, rank, world, pool=dataset.recipe.partner_pool)
 
     def state_dict(self) -> dict:

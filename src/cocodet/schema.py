@@ -103,6 +103,9 @@ RULES = (
     Rule("loader.timeout", _number(0.0), "seconds >= 0 (0: no timeout)"),
     Rule("loader.part_images", _int(1), "an integer >= 1, or null to ship whole batches when they fit", optional=True),
     _choice("loader.pin_memory", ("auto", True, False)),
+    Rule("loader.group_aspect_ratio", lambda v: v == "preset" or _int(1)(v),
+         "an integer >= 1 (the reference's group factor k: 2k+2 bins), preset (3 with a reference preset), "
+         "or null (not grouped)", optional=True),
     Rule("loader.worker_footprint_mb", _int(1), "an integer >= 1 (MiB), or null for the estimate", optional=True),
     _choice("eval.split", EVAL_SPLITS),
     Rule("predict.score_threshold", _number(0.0, 1.0), "a score in [0, 1]"),

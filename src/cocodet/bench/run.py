@@ -141,12 +141,20 @@ class _Bookkeeping:
         self.digest, self.digest_batches, self.digested = hashlib.sha256(), digest_batches, 0
         self.stats_sum, self.stats_n = np.zeros(len(STATS_COLUMNS)), 0
         self.bad_samples, self.skipped, self.epoch = bad_samples, 0, 0
+        self.covered = self.batch_pixels = 0.0  # pixels some image covers / all pixels of the batch tensors
 
     def on_batch(self, batch: FlatBatch) -> None:
         if self.digested < self.digest_batches:
             update_digest(self.digest, batch)
             self.digested += 1
-        self.stats_sum += batch.sample_stats.sum(0).cpu().numpy()
+        stats = batch.sample_stats.cpu().numpy()
+        self.stats_sum += stats.sum(0)
+        # batch_pad_share: what the model computes on but no image covers: padding to the batch's
+        # largest image (rounded to 32) plus each image's own (letterbox, zoom-out, lsj canvas).
+        hw = batch.image_sizes.cpu().numpy().astype(np.float64)
+        own = stats[:, STATS_COLUMNS.index("pad_share")]
+        self.covered += float((hw[:, 0] * hw[:, 1] * (1.0 - own)).sum())
+        self.batch_pixels += float(np.prod(batch.images.shape[:1] + batch.images.shape[2:]))
         self.stats_n += batch.images.shape[0]
         if self.bad_samples is not None:  # bad_samples.jsonl, as in training
             self.skipped += self.bad_samples.record(batch.skipped, batch.images.shape[0], "train", self.epoch)
@@ -159,7 +167,9 @@ class _Bookkeeping:
         stats = self.stats
         return {"batch_digest": self.digest.hexdigest() if self.digested else None, "digest_batches": self.digested,
                 "stage_ms_per_sample": {c[:-2]: round(1000 * stats[c], 3) for c in STATS_COLUMNS if c.endswith("_s")},
-                "pad_share": round(stats["pad_share"], 4), "decodes_per_sample": round(stats["decodes"], 3),
+                "pad_share": round(stats["pad_share"], 4),
+                "batch_pad_share": round(1.0 - self.covered / self.batch_pixels, 4) if self.batch_pixels else None,
+                "decodes_per_sample": round(stats["decodes"], 3),
                 "skipped_samples": self.skipped,
                 # dataset.verify's exclusions beside the reading skips: seen + both = the split (whole epochs)
                 "excluded_by_verify": self.bad_samples.excluded["train"] if self.bad_samples is not None else 0,

@@ -46,6 +46,8 @@ class BatchGeometry:
     partner_pool: int = 0
     image_side: int | None = None  # the largest (padded) image side a train batch may hold
     val_image_side: int | None = None  # the same for a val batch (None: image_side)
+    group_aspect_ratio: int | None = None  # train batches from one aspect-ratio bin (data/grouped_sampler.py)
+    group_note: str | None = None  # why a grouping asked for is not applied (mosaic)
     worker_working_bytes: int = 0  # the recipe's largest intermediate (SSD's zoom-out canvas), added to the footprint estimate
 
 
@@ -86,6 +88,7 @@ class LoaderPlan:
     timeout_s: float = 0.0  # seconds a batch may take before the loader fails (0: wait forever)
     local_ranks: int = 1  # processes of this run on this host: they share its CPUs, /dev/shm and memory
     host_cpus: int | None = None  # this host's CPUs for the run (affinity, quota), before dividing among ranks
+    group_aspect_ratio: int | None = None  # train batches from one of 2k+2 aspect-ratio bins (None: not grouped)
     caps: list[Cap] = field(default_factory=list)  # every cap evaluated, in the order evaluated
     warnings: list[str] = field(default_factory=list)
     # The validation loader's plan, made against the same shm budget (None: the same as this plan).

@@ -103,6 +103,9 @@ def plan_table(plan: "LoaderPlan") -> str:
         ("workers", f"{plan.num_workers} (source: {plan.source}, requested: {plan.requested})"),
         ("batch", f"{plan.batch_size} images{side_text(plan.image_side)}, {mib(plan.batch_bytes)} per FlatBatch"
                   + (f", shipped in parts of {plan.part_images} images" if plan.part_images else "")),
+        ("train batches", f"grouped by aspect ratio: {2 * plan.group_aspect_ratio + 2} bins "
+                          f"(loader.group_aspect_ratio={plan.group_aspect_ratio}), leftovers mixed"
+                          if plan.group_aspect_ratio else "in shuffled order (loader.group_aspect_ratio=null)"),
         ("prefetch / pin / persistent", f"{plan.prefetch_factor} / {plan.pin_memory} / {plan.persistent_workers}"),
         ("in flight", f"{mib(plan.inflight_bytes)}, {plan.inflight_fds} fds/maps ({plan.fds_per_batch} per batch)"),
         ("local ranks on this host", str(plan.local_ranks)),

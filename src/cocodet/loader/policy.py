@@ -53,6 +53,9 @@ def plan_loader(request: LoaderRequest, batches: BatchGeometry, resources: HostR
     plan = _final_plan(train, request, batches.batch_size, batches.batch_bytes, resources, budget, cuda)
     plan.val = _final_plan(val, request, val_size, val_bytes, resources, budget, cuda)
     plan.image_side, plan.val.image_side = batches.image_side, batches.val_image_side or batches.image_side
+    plan.group_aspect_ratio = batches.group_aspect_ratio
+    if batches.group_note:
+        plan.warnings.append(batches.group_note)
     if budget.shm is not None:
         plan.shm_split = {"budget": budget.shm, "train": train.shm_bytes(), "val": val.shm_bytes()}
     return plan

@@ -10,9 +10,10 @@ class StreamPosition:
     """Where the train stream stands: epoch, batches consumed in it, and what must match to
     continue exactly (batch size, seed, rank count)."""
 
-    def __init__(self, batch_size: int, seed: int, world_size: int):
+    def __init__(self, batch_size: int, seed: int, world_size: int, group_aspect_ratio: int | None = None):
         self.epoch, self.batches = 0, 0
         self.batch_size, self.seed, self.world_size = batch_size, seed, world_size
+        self.group_aspect_ratio = group_aspect_ratio  # grouped batches are other batches (data/grouped_sampler.py)
 
     def advance(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -21,7 +22,7 @@ class StreamPosition:
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batches": self.batches, "batch_size": self.batch_size, "seed": self.seed,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "group_aspect_ratio": self.group_aspect_ratio}
 
     def load_state_dict(self, state: dict) -> None:
         self.check(state)
@@ -34,8 +35,9 @@ class StreamPosition:
                               f"{self.world_size}: each rank's share of every epoch depends on the rank count, so the "
                               f"stream cannot continue exactly. Resume with {state['world_size']} rank(s) "
                               "(trainer.devices x trainer.num_nodes)")
-        for key, name in (("batch_size", "loader.batch_size"), ("seed", "seed")):
-            if state[key] != getattr(self, key):
+        for key, name in (("batch_size", "loader.batch_size"), ("seed", "seed"),
+                          ("group_aspect_ratio", "loader.group_aspect_ratio")):
+            if state.get(key) != getattr(self, key):  # checkpoints from before grouping: ungrouped (None)
                 raise ResumeError(f"the checkpoint's {name} is {state[key]} and this run's is {getattr(self, key)}: the "
                                   f"remaining batches would differ. Resume with {name}={state[key]}")
 

@@ -14,6 +14,6 @@ def preview(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict
     from cocodet.preview import render_previews
 
     datamodule = build_datamodule(cfg, plan, run_dir)
-    paths = render_previews(datamodule, run_dir / "previews", batches=int(cfg.preview.batches),
-                            epoch=int(cfg.preview.epoch))
-    return {"mode": "preview", "pngs": [str(p) for p in paths], **plan.summary()}
+    paths, batch_bins = render_previews(datamodule, run_dir / "previews", batches=int(cfg.preview.batches),
+                                        epoch=int(cfg.preview.epoch))
+    return {"mode": "preview", "pngs": [str(p) for p in paths], "batch_bins": batch_bins, **plan.summary()}

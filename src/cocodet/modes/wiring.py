@@ -69,9 +69,24 @@ def batch_geometry(cfg: DictConfig) -> BatchGeometry:
     val = int(loader.val_batch_size) if loader.get("val_batch_size") else None
     val_bytes = batch_bytes(val or batch, val_side) if val or val_side != train_side else None
     working = build_recipe(cfg).working_bytes() if is_reference_preset(cfg) else 0
+    group, note = group_factor(cfg)
     return BatchGeometry(batch, batch_bytes(batch, train_side), val_batch_size=val, val_batch_bytes=val_bytes,
                          partner_pool=cfg.augment.get("partner_pool") or 0, image_side=round_up(train_side),
-                         val_image_side=round_up(val_side), worker_working_bytes=working)
+                         val_image_side=round_up(val_side), group_aspect_ratio=group, group_note=note,
+                         worker_working_bytes=working)
+
+
+def group_factor(cfg: DictConfig) -> tuple[int | None, str | None]:
+    """loader.group_aspect_ratio resolved: ``preset`` is 3 (every torchvision reference recipe's
+    --aspect-ratio-group-factor) with a reference preset, off otherwise; mosaic ignores it, and
+    the note says so."""
+    value = cfg.loader.get("group_aspect_ratio", "preset")
+    if value == "preset":
+        return (3 if is_reference_preset(cfg) else None), None
+    if value is not None and str(cfg.augment.get("_target_", "")).endswith(".Mosaic"):
+        return None, (f"loader.group_aspect_ratio={value} is ignored: mosaic's outputs are all "
+                      f"{cfg.dataset.image_size}x{cfg.dataset.image_size}, so every batch is one aspect ratio already")
+    return (int(value) if value is not None else None), None
 
 
 def is_reference_preset(cfg: DictConfig) -> bool:
@@ -132,6 +147,7 @@ def build_datamodule(cfg: DictConfig, plan: LoaderPlan, run_dir: Path):
     datamodule = instantiate(cfg.dataset, _partial_=True, _convert_="all")
     return datamodule(recipe=recipe, batch_size=int(cfg.loader.batch_size), seed=int(cfg.seed), plan=plan,
                       val_batch_size=cfg.loader.get("val_batch_size"), run_dir=str(run_dir),
+                      group_aspect_ratio=plan.group_aspect_ratio,
                       replanner=build_replanner(cfg, plan))
 
 
