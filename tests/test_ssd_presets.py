@@ -241,7 +241,8 @@ def test_the_models_transform_does_nothing_more(name, raws):
     assert tuple(stock.transform.fixed_size) == FIXED_SIZES[name]  # model_resize records the builder's size
     sized = build_detector(name, num_classes=3, image_size=128, loader_resizes=True).transform
     assert isinstance(sized, LoaderSizedTransform) and sized.size_divisible == stock.transform.size_divisible
-    samples = [PRESETS["ssd"]()(raw, np.random.default_rng((0, 0, k)), []) for k, raw in enumerate(raws[:3])]
+    recipe = SingleShotPreset(128, FIXED_SIZES[name], photometric=True, zoom_out=True)
+    samples = [recipe(raw, np.random.default_rng((0, 0, k)), []) for k, raw in enumerate(raws[:3])]
     flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(3))
                     for k, s in enumerate(samples)])
     images, targets = restore(flat)

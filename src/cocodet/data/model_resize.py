@@ -25,6 +25,8 @@ BUILDER_SIZES: dict[str, tuple[int, int]] = {
     "fasterrcnn_mobilenet_v3_large_fpn": (800, 1333),
     "fasterrcnn_mobilenet_v3_large_320_fpn": (320, 640),
     "fasterrcnn_resnet50_fpn_v2": (800, 1333),
+    "fasterrcnn_resnet50_fpn": (800, 1333),
+    "retinanet_resnet50_fpn": (800, 1333),
     "retinanet_resnet50_fpn_v2": (800, 1333),
     "fcos_resnet50_fpn": (800, 1333),
     "fcos_resnet18_fpn": (800, 1333),  # torchvision's FCOS class defaults
@@ -33,6 +35,7 @@ BUILDER_SIZES: dict[str, tuple[int, int]] = {
 # for augment=ssd|ssdlite (data/ssd_presets.py).
 FIXED_SIZES: dict[str, tuple[int, int]] = {
     "ssdlite320_mobilenet_v3_large": (320, 320),
+    "ssd300_vgg16": (300, 300),
 }
 
 

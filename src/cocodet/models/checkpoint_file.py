@@ -22,10 +22,11 @@ class CheckpointError(UserError):
     """ckpt_path missing, unreadable, refused as untrusted, or not a checkpoint of this kind of model."""
 
 
-def load_checkpoint(path: str, weights_only: bool) -> dict:
-    """The checkpoint at ``path`` as a dict, loaded on the CPU; CheckpointError (one line) otherwise."""
+def load_checkpoint(path: str, weights_only: bool, option: str = "ckpt_path") -> dict:
+    """The checkpoint at ``path`` as a dict, loaded on the CPU; CheckpointError (one line) otherwise.
+    ``option``: the setting that named the file, for the messages."""
     if not Path(path).is_file():
-        raise CheckpointError(f"ckpt_path={path} is not a file")
+        raise CheckpointError(f"{option}={path} is not a file")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as e:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
+from contextlib import nullcontext
 from typing import Callable, Optional
 
 import torch
@@ -12,6 +12,8 @@ from torchvision.models import resnet18
 from torchvision.models.detection.backbone_utils import BackboneWithFPN, _resnet_fpn_extractor
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+
+from cocodet.models.pretrained_files import answered_from, backbone_state_dict, detector_state_dict
 
 
 def _fcos_resnet18_fpn(*, weights=None, weights_backbone=None, num_classes: int, fpn_channels: int = 256,
@@ -44,6 +46,9 @@ def _fcos_resnet18_fpn(*, weights=None, weights_backbone=None, num_classes: int,
 
 BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "ssdlite320_mobilenet_v3_large": tvd.ssdlite320_mobilenet_v3_large,
+    "ssd300_vgg16": tvd.ssd300_vgg16,
+    "fasterrcnn_resnet50_fpn": tvd.fasterrcnn_resnet50_fpn,
+    "retinanet_resnet50_fpn": tvd.retinanet_resnet50_fpn,
     "fasterrcnn_mobilenet_v3_large_fpn": tvd.fasterrcnn_mobilenet_v3_large_fpn,
     "fasterrcnn_mobilenet_v3_large_320_fpn": tvd.fasterrcnn_mobilenet_v3_large_320_fpn,
     "fasterrcnn_resnet50_fpn_v2": tvd.fasterrcnn_resnet50_fpn_v2,
@@ -52,7 +57,7 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "fcos_resnet18_fpn": _fcos_resnet18_fpn,
 }
 # SSD fixes its own input size in the builder; the others take min/max size for their transform.
-_FIXED_SIZE = {"ssdlite320_mobilenet_v3_large"}
+_FIXED_SIZE = {"ssdlite320_mobilenet_v3_large", "ssd300_vgg16"}
 
 
 class LoaderSizedTransform(GeneralizedRCNNTransform):
@@ -68,7 +73,8 @@ class LoaderSizedTransform(GeneralizedRCNNTransform):
 
 
 def build_detector(name: str, num_classes: int, image_size: int, pretrained: bool = False,
-                   pretrained_backbone: bool = False, loader_resizes: bool = False, **kwargs) -> torch.nn.Module:
+                   pretrained_backbone: bool = False, loader_resizes: bool = False, weights_path: str | None = None,
+                   weights_backbone_path: str | None = None, **kwargs) -> torch.nn.Module:
     """Build a torchvision detector.
 
     Args:
@@ -80,6 +86,8 @@ def build_detector(name: str, num_classes: int, image_size: int, pretrained: boo
             min_size / max_size in kwargs), and the transform becomes a :class:`LoaderSizedTransform`.
         pretrained: COCO detection weights (downloads; the head is re-initialised for num_classes).
         pretrained_backbone: ImageNet backbone weights (downloads).
+        weights_path / weights_backbone_path: the same weights from a local file
+            (``models/pretrained_files.py``).
         kwargs: passed to the torchvision builder (e.g. box_score_thresh, detections_per_img).
     """
     if name not in BUILDERS:
@@ -89,12 +97,20 @@ def build_detector(name: str, num_classes: int, image_size: int, pretrained: boo
         kwargs.setdefault("max_size", image_size)
     weights = "DEFAULT" if pretrained else None
     weights_backbone = "DEFAULT" if pretrained_backbone or pretrained else None
-    if pretrained and name != "fcos_resnet18_fpn":
-        # Torchvision refuses num_classes != 91 with detection weights: load at 91, then swap heads.
-        model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, **kwargs)
-        model = _replace_head(model, num_classes)
-    else:
-        model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, num_classes=num_classes, **kwargs)
+    answer = None  # a file standing in for torchvision's download
+    if weights_path:
+        weights, answer = detector_state_dict(name, weights_path)
+        weights_backbone = None
+    elif weights_backbone_path:
+        weights_backbone, answer = backbone_state_dict(name, weights_backbone_path)
+    with answered_from(answer) if answer is not None else nullcontext():
+        if weights is not None and name != "fcos_resnet18_fpn":
+            # Torchvision refuses num_classes != 91 with detection weights: load at 91, then swap heads.
+            model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, **kwargs)
+            model = _replace_head(model, num_classes)
+        else:
+            model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, num_classes=num_classes,
+                                   **kwargs)
     return _loader_sized(model) if loader_resizes else model
 
 
@@ -108,27 +124,36 @@ def _loader_sized(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _replace_head(model: torch.nn.Module, num_classes: int) -> torch.nn.Module:
+    """Only the final class layer replaced for ``num_classes`` (initialised as the class
+    initialises it), so that every trained layer before it, the class subnet's conv tower
+    included, is kept: Faster R-CNN's ``cls_score`` (and its per-class ``bbox_pred``),
+    RetinaNet's and FCOS's ``cls_logits``, each SSD level's class convolution."""
     if isinstance(model, tvd.FasterRCNN):
         in_features = model.roi_heads.box_predictor.cls_score.in_features
         model.roi_heads.box_predictor = tvd.faster_rcnn.FastRCNNPredictor(in_features, num_classes)
     elif isinstance(model, (tvd.RetinaNet, tvd.FCOS)):
         head = model.head.classification_head
-        num_anchors = getattr(head, "num_anchors", 1)
-        cls = type(head)
-        in_channels = head.conv[0][0].in_channels if hasattr(head.conv[0], "__getitem__") else 256
-        if isinstance(model, tvd.RetinaNet):
-            model.head.classification_head = cls(in_channels, num_anchors, num_classes,
-                                                 norm_layer=partial(torch.nn.GroupNorm, 32))
-        else:
-            model.head.classification_head = cls(in_channels, num_anchors, num_classes)
+        old = head.cls_logits
+        head.cls_logits = torch.nn.Conv2d(old.in_channels, head.num_anchors * num_classes, kernel_size=3, stride=1,
+                                          padding=1)
+        torch.nn.init.normal_(head.cls_logits.weight, std=0.01)
+        torch.nn.init.constant_(head.cls_logits.bias, float(old.bias.detach()[0]))  # the class's prior-probability bias
+        head.num_classes = num_classes
     elif isinstance(model, tvd.SSD):
-        from torchvision.models.detection import _utils as det_utils
-        from torchvision.models.detection.ssdlite import SSDLiteClassificationHead
-
-        channels = det_utils.retrieve_out_channels(model.backbone, (320, 320))
+        head = model.head.classification_head
         anchors = model.anchor_generator.num_anchors_per_location()
-        model.head.classification_head = SSDLiteClassificationHead(
-            channels, anchors, num_classes, partial(torch.nn.BatchNorm2d, eps=0.001, momentum=0.03))
+        for k, layer in enumerate(head.module_list):
+            last = layer[-1] if isinstance(layer, torch.nn.Sequential) else layer  # SSDlite: depthwise block, then 1x1
+            conv = torch.nn.Conv2d(last.in_channels, anchors[k] * num_classes, last.kernel_size, last.stride,
+                                   last.padding)
+            if isinstance(layer, torch.nn.Sequential):
+                torch.nn.init.normal_(conv.weight, mean=0.0, std=0.03)  # ssdlite's _normal_init
+                layer[-1] = conv
+            else:
+                torch.nn.init.xavier_uniform_(conv.weight)  # ssd's _xavier_init
+                head.module_list[k] = conv
+            torch.nn.init.constant_(conv.bias, 0.0)
+        head.num_columns = num_classes
     else:
         raise ValueError(f"cannot replace the head of {type(model).__name__}")
     return model
