@@ -40,12 +40,17 @@ class DetectorModule(L.LightningModule):
         ema: ``{"decay": float | None}``: EMA weights for validation and checkpoints, or off.
         loader_resizes: the loader resizes as the model's transform would (the reference
             presets, ``zoo.LoaderSizedTransform``).
+        lr_scaling: ``{"reference_lr", "reference_batch"}``: the optimizer's rate is the
+            reference's, scaled linearly to this run's global batch (devices x nodes x
+            loader.batch_size x accumulate_grad_batches, resolved at run time). None: the
+            optimizer's ``lr`` as configured.
     """
 
     def __init__(self, detector: partial, image_size: int, optimizer: partial, val_ann_file: str,
                  category_ids: list[int], scheduler: partial | None = None, scheduler_interval: str = "step",
                  eval_max_images: int | None = None, eval_backend: str = DEFAULT_BACKEND,
-                 health: dict | None = None, ema: dict | None = None, loader_resizes: bool = False):
+                 health: dict | None = None, ema: dict | None = None, loader_resizes: bool = False,
+                 lr_scaling: dict | None = None):
         super().__init__()
         self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size, loader_resizes=loader_resizes)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -65,6 +70,8 @@ class DetectorModule(L.LightningModule):
         self.health = StepHealth(HealthConfig(**dict(health or {})))
         self.ema_decay = schema.check("model.ema.decay", dict(ema or {}).get("decay"))
         self._scale_before: float | None = None
+        self.lr_scaling = dict(lr_scaling) if lr_scaling else None
+        self.lr_record: dict = {}  # global_batch and effective_lr, for summary.json
 
     def configure_callbacks(self):
         if self.ema_decay is None:
@@ -226,7 +233,9 @@ class DetectorModule(L.LightningModule):
             self._resume_position = None
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(params=[p for p in self.parameters() if p.requires_grad])
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params=params, **self._scaled_lr())
+        self.lr_record["effective_lr"] = optimizer.param_groups[0]["lr"]
         if self.scheduler_factory is None or self._trainer is None:  # no run length to size a schedule by
             return optimizer
         kwargs = {}
@@ -239,8 +248,32 @@ class DetectorModule(L.LightningModule):
         for name in ("total_steps", "T_max"):
             if name in accepted and name not in given:
                 kwargs[name] = total
+        epochs = int(self.trainer.max_epochs or 1)
+        for name, value in (("epochs", epochs), ("steps_per_epoch", -(-int(self.trainer.estimated_stepping_batches) // epochs))):
+            if name in accepted and name not in given:
+                kwargs[name] = value
         scheduler = self.scheduler_factory(optimizer, **kwargs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
+
+    def _scaled_lr(self) -> dict:
+        """``{"lr": ...}`` scaled to this run's global batch (``lr_scaling``), logged; {} without it."""
+        if self._trainer is None:
+            return {}
+        trainer = self.trainer
+        batch = int(getattr(trainer.datamodule, "batch_size", 0) or 0) if trainer.datamodule is not None else 0
+        accumulate = int(trainer.accumulate_grad_batches)
+        global_batch = trainer.world_size * batch * accumulate
+        self.lr_record = {"global_batch": global_batch}
+        if not self.lr_scaling or not batch:
+            return {}
+        from cocodet.models.reference_schedule import scaled_lr
+
+        ref_lr, ref_batch = float(self.lr_scaling["reference_lr"]), int(self.lr_scaling["reference_batch"])
+        lr = scaled_lr(ref_lr, ref_batch, global_batch)
+        log.info("learning rate scaled linearly: the reference's %g at global batch %d -> %g at this run's global batch "
+                 "%d (%d rank(s) x loader.batch_size %d x accumulate_grad_batches %d)", ref_lr, ref_batch, lr,
+                 global_batch, trainer.world_size, batch, accumulate)
+        return {"lr": lr}
 
 
 def merge_rank_detections(shares: list[dict[int, list[dict]]]) -> tuple[dict[int, list[dict]], int]:

@@ -81,6 +81,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "ddp": ddp,
         "ranks": rank_check,
         "health": module.health.summary() if hasattr(module, "health") else None,
+        **getattr(module, "lr_record", {}),  # global_batch, effective_lr
     }
     if stopped is not None:
         raise with_summary(stopped, summary)
