@@ -7,7 +7,8 @@
 # Parts (synthetic data): the plan (pinned memory); the loader-fed vs pre-loaded ratio; a short
 # bf16 training (2 epochs, is_pinned() asserted on the first batch); mode=eval and
 # mode=predict on CUDA; the exported TorchScript model on CUDA; the ONNX model on CUDA where a
-# GPU build of onnxruntime is present ("not run" otherwise, not a failure); DDP over NCCL.
+# GPU build of onnxruntime is present ("not run" otherwise, not a failure); one epoch of the
+# cheapest published recipe (experiment=tv_ssdlite320_mobilenet_v3_large, bf16); DDP over NCCL.
 #
 # On an image that is not ours (Python 3.12, its own torch >= 2.11, no Hydra, no pycocotools,
 # no network), GPU_WHEELS names the folder scripts/gpu_wheels.sh filled: it is installed into
@@ -116,6 +117,8 @@ else
     dev=cuda trainer=gpu pinned='s["first_batch_pinned"] is True' precision=bf16-mixed ddp=ddp backend=nccl fp16=16-mixed
 fi
 common=("trainer=$trainer" "$@")
+recipe_limit=()
+[ "$rehearse" = cpu ] && recipe_limit=(trainer.limit_train_batches=3 trainer.limit_val_batches=1)
 tiny=(dataset.image_size=256 loader.batch_size=8 trainer.limit_train_batches=5 trainer.limit_val_batches=2)
 bench=(loader.batch_size=16 bench.consumer=model "bench.batches=${GPU_CHECK_BATCHES:-30}" bench.warmup=5)
 ckpt=$out/train/checkpoints/last.ckpt
@@ -159,6 +162,12 @@ check_export() {  # check_export FORMAT: export, then the standalone script on C
         { [ "$1" != onnx ] || [ "$dev" != cuda ] || grep -q "provider: CUDAExecutionProvider" "$out/$1.provider"; } &&
         echo "$1 on $dev: $(py -c 'import json, sys; print(len(json.load(open(sys.argv[1]))))' "$out/$1.json") detections"
 }
+check_recipe() {  # the cheapest published recipe (docs/reference.md "Published recipes"): one epoch, bf16
+    train recipe experiment=tv_ssdlite320_mobilenet_v3_large dataset=synthetic "${common[@]}" trainer.max_epochs=1 \
+        "trainer.precision=$precision" "${recipe_limit[@]}" >/dev/null &&
+        check recipe "s['status'] == 'completed' and s['global_batch'] == 24" &&
+        field recipe '("steps", s["steps"], "global batch", s["global_batch"], "lr", s["effective_lr"], "map50", s["map50"])'
+}
 check_ddp() {
     train ddp "trainer=$ddp" trainer.devices=1 "${tiny[@]}" trainer.max_epochs=1 > "$out/ddp.out" 2>&1
     grep -q "distributed_backend=$backend" "$out/ddp.out" && check ddp 's["status"] == "completed"' &&
@@ -166,10 +175,10 @@ check_ddp() {
 }
 # shellcheck disable=SC2090
 export python out ckpt dev pinned precision ddp backend fp16
-export -f py train field check check_plan check_ratio check_train check_fp16 check_eval check_predict check_export check_ddp
+export -f py train field check check_plan check_ratio check_train check_fp16 check_eval check_predict check_export check_recipe check_ddp
 run_part() { local name=$1 limit=$2 fn=$3; shift 3; part "$name" "$limit" bash -c "$fn"' "$@"' _ "$@"; }
 # Arrays do not cross `bash -c`: each function reads them from its own definition below.
-export_arrays="common=($(printf '%q ' "${common[@]}")); tiny=($(printf '%q ' "${tiny[@]}")); bench=($(printf '%q ' "${bench[@]}")); images=($(printf '%q ' "${images[@]}"))"
+export_arrays="common=($(printf '%q ' "${common[@]}")); tiny=($(printf '%q ' "${tiny[@]}")); bench=($(printf '%q ' "${bench[@]}")); images=($(printf '%q ' "${images[@]}")); recipe_limit=($(printf '%q ' "${recipe_limit[@]}"))"
 run_part plan 90 "$export_arrays; check_plan"
 run_part loader_vs_preloaded 240 "$export_arrays; check_ratio"
 run_part train_bf16 240 "$export_arrays; check_train"
@@ -182,6 +191,7 @@ if [ "$dev" = cpu ] || py -c 'import sys, onnxruntime as o; sys.exit(0 if "CUDAE
 else
     not_run onnx_cuda "no GPU build of onnxruntime ($(py -c 'import onnxruntime as o; print(o.__version__, o.get_available_providers())' 2>&1 | tail -1)); its wheel is too large to carry"
 fi
+run_part "recipe_ssdlite_$dev" 300 "$export_arrays; check_recipe"
 run_part "ddp_$backend" 240 "$export_arrays; check_ddp"
 
 table
