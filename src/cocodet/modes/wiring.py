@@ -38,7 +38,22 @@ def build_plan(cfg: DictConfig) -> tuple[LoaderPlan, HostResources]:
     log.info("loader plan%s:\n%s", run_ranks(cfg).label(), plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)
+    if cfg.get("model") is not None and cfg.model.get("lr_scaling"):
+        log.info("learning rate: %s", lr_scaling_words(cfg))
     return plan, resources
+
+
+def lr_scaling_words(cfg: DictConfig) -> str:
+    """The linear scaling model.lr_scaling asks for, at this run's global batch (the plan's
+    ranks; the module applies the same rule from the trainer's, models/reference_schedule.py)."""
+    from cocodet.models.reference_schedule import scaled_lr
+
+    scaling, world = cfg.model.lr_scaling, run_ranks(cfg).world_size
+    batch, accumulate = int(cfg.loader.batch_size), int(cfg.trainer.get("accumulate_grad_batches", 1) or 1)
+    global_batch = world * batch * accumulate
+    lr = scaled_lr(scaling.reference_lr, scaling.reference_batch, global_batch)
+    return (f"the reference's {scaling.reference_lr:g} at global batch {scaling.reference_batch} -> {lr:g} at this run's "
+            f"{global_batch} ({world} rank(s) x loader.batch_size {batch} x accumulate_grad_batches {accumulate})")
 
 
 def run_ranks(cfg: DictConfig) -> Ranks:
