@@ -17,9 +17,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from conftest import run_in_process
-from cocodet.data.coco import build_index
+from test_reference_presets import N_IMAGES, raws  # noqa: F401  (the same six coco_tiny images, a module fixture)
 from cocodet.data.model_resize import FIXED_SIZES, ModelSizeError
-from cocodet.data.read import load_raw
 from cocodet.data.ssd_presets import DISTORT_RANGES, IOU_OPTIONS, FixedResize, SingleShotPreset
 from cocodet.loader.flat_batch import flatten, restore
 from cocodet.models.zoo import LoaderSizedTransform, build_detector
@@ -29,14 +28,7 @@ SIZE = (320, 320)
 MEAN = STD = [0.5, 0.5, 0.5]  # ssdlite320_mobilenet_v3_large's statistics
 PRESETS = {"ssd": lambda: SingleShotPreset(128, SIZE, photometric=True, zoom_out=True),
            "ssdlite": lambda: SingleShotPreset(128, SIZE, photometric=False, zoom_out=False)}
-N_IMAGES, N_SEEDS = 6, 4  # 24 samples per preset: zoom, crop and no crop all occur
-
-
-@pytest.fixture(scope="module")
-def raws(coco_tiny):
-    index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json",
-                        keep_empty="reference")
-    return [load_raw(index, k, min_box_side=0.0) for k in range(N_IMAGES)]
+N_SEEDS = 4  # x N_IMAGES: 24 samples per preset, zoom, crop and no crop all occur
 
 
 @contextmanager

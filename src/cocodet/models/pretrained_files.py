@@ -63,11 +63,18 @@ def backbone_state_dict(model: str, path: str) -> tuple[object, dict]:
         raise CheckpointError(f"model.detector.weights_backbone_path: {model} has no ImageNet backbone to load")
     arch, member = BACKBONES[model]
     state = read_state_dict(path, "model.detector.weights_backbone_path")
-    expected = getattr(tvm, arch)().state_dict()
+    expected = shapes_of(lambda: getattr(tvm, arch)())
     if arch == "vgg16":
         state = _vgg16_features(state, expected, path)
     _check_fits(state, expected, path, "model.detector.weights_backbone_path", f"torchvision's {arch}")
     return member, state
+
+
+def shapes_of(build) -> dict:
+    """The state dict ``build()`` would have, as shapes only: built on the meta device, so no
+    memory is allocated and nothing initialised (vgg16: 0.01 s instead of 1.8 s and 0.5 GB)."""
+    with torch.device("meta"):
+        return build().state_dict()
 
 
 def _vgg16_features(state: dict, expected: dict, path: str) -> dict:
@@ -83,7 +90,7 @@ def _vgg16_features(state: dict, expected: dict, path: str) -> dict:
                               "classifier (its classifier weights are finite), trained on inputs normalised another "
                               "way; ssd300_vgg16 takes vgg16_features (VGG16_Weights.IMAGENET1K_FEATURES, "
                               "vgg16_features-amdegroot-88682ab5.pth, classifier NaN)")
-    return {**{k: torch.full_like(expected[k], float("nan")) for k in classifier}, **state}
+    return {**{k: torch.full(expected[k].shape, float("nan")) for k in classifier}, **state}
 
 
 def _check_fits(state: dict, expected: dict, path: str, option: str, what: str) -> None:
@@ -110,8 +117,8 @@ def detector_state_dict(model: str, path: str) -> tuple[object, dict]:
         raise CheckpointError("model.detector.weights_path: fcos_resnet18_fpn has no torchvision detection file; use "
                               "model.detector.weights_backbone_path (a resnet18 state dict)")
     state = read_state_dict(path, "model.detector.weights_path")
-    expected = getattr(tvd, model)(weights=None, weights_backbone=None,
-                                   num_classes=len(member.meta["categories"])).state_dict()
+    expected = shapes_of(lambda: getattr(tvd, model)(weights=None, weights_backbone=None,
+                                                     num_classes=len(member.meta["categories"])))
     _check_fits(state, expected, path, "model.detector.weights_path",
                 f"a {model} with torchvision's {len(member.meta['categories'])} COCO classes")
     return member, state

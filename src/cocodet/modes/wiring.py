@@ -80,10 +80,11 @@ def batch_geometry(cfg: DictConfig) -> BatchGeometry:
     """The train and val batches the config makes, in images and FlatBatch bytes, each at the
     largest image its recipe can produce (the reference presets: not dataset.image_size)."""
     loader, batch = cfg.loader, int(cfg.loader.batch_size)
-    train_side, val_side = image_sides(cfg)
+    recipe = build_recipe(cfg) if is_reference_preset(cfg) else None  # the letterbox family: not imported (torch)
+    train_side, val_side = image_sides(cfg, recipe)
     val = int(loader.val_batch_size) if loader.get("val_batch_size") else None
     val_bytes = batch_bytes(val or batch, val_side) if val or val_side != train_side else None
-    working = build_recipe(cfg).working_bytes() if is_reference_preset(cfg) else 0
+    working = recipe.working_bytes() if recipe is not None else 0
     group, note = group_factor(cfg)
     return BatchGeometry(batch, batch_bytes(batch, train_side), val_batch_size=val, val_batch_bytes=val_bytes,
                          partner_pool=cfg.augment.get("partner_pool") or 0, image_side=round_up(train_side),
@@ -126,11 +127,11 @@ def build_recipe(cfg: DictConfig):
     return instantiate(cfg.augment, **kwargs, _convert_="all")
 
 
-def image_sides(cfg: DictConfig) -> tuple[int, int]:
-    """The largest image side of a train and of a val batch (before rounding to 32)."""
-    if not is_reference_preset(cfg):  # the letterbox family (importing it would import torch)
+def image_sides(cfg: DictConfig, recipe=None) -> tuple[int, int]:
+    """The largest image side of a train and of a val batch (before rounding to 32); ``recipe``:
+    a reference preset's, already built (None: the letterbox family's dataset.image_size)."""
+    if recipe is None:
         return int(cfg.dataset.image_size), int(cfg.dataset.image_size)
-    recipe = build_recipe(cfg)
     return max(recipe.largest_hw()), max(recipe.eval_recipe().largest_hw())
 
 
