@@ -3,17 +3,17 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-HASH := $(shell cat requirements.txt requirements-onnx.txt pyproject.toml | sha256sum | cut -c1-16)
+HASH := $(shell cat requirements.txt requirements-onnx.txt requirements-test.txt pyproject.toml | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(HASH)
 ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: venv train test test-slow bench plan clean
 
-$(STAMP): requirements.txt requirements-onnx.txt pyproject.toml
+$(STAMP): requirements.txt requirements-onnx.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-onnx.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-onnx.txt -r requirements-test.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)

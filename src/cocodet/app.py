@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from cocodet.config import validate
 from cocodet.errors import RunStopped
@@ -23,6 +23,7 @@ from cocodet.modes.wiring import build_plan, run_ranks
 
 def run(cfg: DictConfig) -> dict:
     validate(cfg)
+    configure_storage(cfg)
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     raise_nofile_limit()
@@ -36,6 +37,15 @@ def run(cfg: DictConfig) -> dict:
     if run_ranks(cfg).global_rank == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
         write_summary(run_dir, summary)
     return summary
+
+
+def configure_storage(cfg: DictConfig) -> None:
+    """How a URL dataset root (and predict.source) is opened, for every mode (data/storage.py)."""
+    from cocodet.data import storage
+
+    dataset = cfg.get("dataset") or {}
+    options = OmegaConf.to_container(dataset.get("storage_options") or {}, resolve=True)
+    storage.configure(options, **OmegaConf.to_container(dataset.get("remote") or {}, resolve=True))
 
 
 def mode_function(mode: str):

@@ -15,6 +15,7 @@ import sys
 from omegaconf import DictConfig
 
 from cocodet.app import run
+from cocodet.credentials import refused_override
 from cocodet.loader.hang import stacks_dir
 
 
@@ -24,6 +25,11 @@ def main(hydra_main) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    for argument in sys.argv[1:]:  # before Hydra writes them to .hydra/overrides.yaml (cocodet/credentials.py)
+        reason = refused_override(argument)
+        if reason:
+            sys.stderr.write(f"error: {reason}\n")
+            sys.exit(2)
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing and exiting 1
     atexit.register(shutil.rmtree, stacks_dir(), True)  # the workers' stack-dump files (loader/hang.py)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from cocodet.credentials import ADVICE, credential_keys
 from cocodet.errors import ConfigError, UserError  # noqa: F401  (UserError: what cli catches)
 from cocodet.modes import MODES
 from cocodet.schema import DATASET_KEYS, RULES, show
@@ -25,6 +26,11 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"unknown dataset key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: the dataset "
                           f"group takes {', '.join(k for k in DATASET_KEYS if k != '_target_')} (a typo, or a key "
                           "for another group?)")
+    secrets = credential_keys(OmegaConf.to_container(cfg.dataset.get("storage_options") or {}, resolve=False),
+                              "dataset.storage_options") if cfg.get("dataset") else []
+    if secrets:
+        raise ConfigError(f"{', '.join(secrets)}: a credential in the config (Hydra writes it to .hydra/config.yaml): "
+                          f"{ADVICE}")
     for rule in RULES:
         value = OmegaConf.select(cfg, rule.key, default=_ABSENT, throw_on_missing=False)
         if value is _ABSENT:

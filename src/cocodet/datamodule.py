@@ -21,7 +21,8 @@ from cocodet.data.dataset import DetectionDataset, EpochSampler
 from cocodet.data.grouped_sampler import GroupedEpochSampler
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.pixel_cache import open_pixel_cache
-from cocodet.data.splits import load_splits
+from cocodet.data.splits import annotation_file, load_splits
+from cocodet.data.storage import configure as configure_storage
 from cocodet.data.verify import verify_indexes
 from cocodet.errors import UserError
 from cocodet.loader.build import build_loader
@@ -71,6 +72,8 @@ class CocoDataModule(L.LightningDataModule):
         max_image_pixels: images whose header is larger are bad samples, never decoded.
         group_aspect_ratio: train batches from one of 2k + 2 aspect-ratio bins
             (``data/grouped_sampler.py``); None: batches in shuffled order.
+        storage_options: fsspec's options for a URL ``root`` (``endpoint_url``); never credentials.
+        remote: ``{timeout_s}``: the longest wait for one request to the store.
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
@@ -78,8 +81,10 @@ class CocoDataModule(L.LightningDataModule):
                  val_batch_size: int | None = None, keep_empty: bool | str | None = None, on_bad_sample: str = "raise",
                  verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
                  cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None,
-                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, group_aspect_ratio: int | None = None):
+                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, group_aspect_ratio: int | None = None,
+                 storage_options: dict | None = None, remote: dict | None = None):
         super().__init__()
+        configure_storage(storage_options, **(remote or {}))  # a URL root's filesystem (data/storage.py)
         self.run_dir = Path(run_dir) if run_dir else None
         self.max_image_pixels = max_image_pixels  # every decode of this run's files checks it (data/decode.py)
         self.bad_samples = BadSampleLedger(self.run_dir)
@@ -94,8 +99,8 @@ class CocoDataModule(L.LightningDataModule):
         self.bad_samples.split_sizes = {"train": len(self.train_index), "val": len(self.val_index)}
         if verify:
             self._verify(on_bad_sample, max_image_pixels)
-        self.val_ann_file = str(Path(root) / val_ann)
-        self.train_ann_file = str(Path(root) / train_ann)
+        self.val_ann_file = str(annotation_file(root, val_ann, cache_dir))  # COCOeval reads a local file
+        self.train_ann_file = str(annotation_file(root, train_ann, cache_dir))
         self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
         # The plan in force for both loaders; after a re-plan, the smaller one.
         self.replanner = replanner or Replanner(plan)

@@ -29,7 +29,8 @@ ON_COLLAPSE = ("warn", "stop")
 # list is refused in every mode, so a typo cannot pass mode=plan and end another mode in a
 # TypeError (tests/test_config.py keeps it equal to the constructor's signature).
 DATASET_KEYS = ("_target_", "root", "train_images", "train_ann", "val_images", "val_ann", "image_size",
-                "keep_empty", "on_bad_sample", "verify", "synthetic", "cache_dir", "cache", "max_image_pixels")
+                "keep_empty", "on_bad_sample", "verify", "synthetic", "cache_dir", "cache", "max_image_pixels",
+                "storage_options", "remote")
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,9 @@ def _choice(key: str, options: tuple, optional_means: str | None = None) -> Rule
 _BOOL = (True, False)
 RULES = (
     Rule("seed", _int(0), "an integer >= 0"),
-    Rule("dataset.root", lambda v: isinstance(v, str) and bool(v), "a folder path"),
+    Rule("dataset.root", lambda v: isinstance(v, str) and bool(v), "a folder path or a URL (s3://bucket/prefix)"),
+    Rule("dataset.storage_options", lambda v: isinstance(v, dict), "a mapping of fsspec options", optional=True),
+    Rule("dataset.remote.timeout_s", _number(0.1), "seconds > 0 (the longest wait for one request to the store)"),
     Rule("dataset.image_size", _int(32), "an integer >= 32 (pixels of the letterboxed side)"),
     _choice("dataset.on_bad_sample", ON_BAD_SAMPLE),
     _choice("dataset.keep_empty", (True, False, "reference"),

@@ -20,6 +20,7 @@ from PIL import Image
 from cocodet.data.augment import Recipe
 from cocodet.data.coco import CocoIndex
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS, check_header
+from cocodet.data.storage import read_bytes
 
 
 class CommonWayDataset(torch.utils.data.Dataset):
@@ -31,8 +32,7 @@ class CommonWayDataset(torch.utils.data.Dataset):
         return len(self.index)
 
     def _raw(self, k: int):
-        with open(str(self.index.paths[k]), "rb") as f:
-            data = f.read()
+        data = read_bytes(str(self.index.paths[k]))
         # ValueError before PIL allocates anything (PIL's own bomb check only warns below 2x its limit).
         check_header(data, (int(self.index.sizes[k][0]), int(self.index.sizes[k][1])), self.max_pixels)
         with Image.open(io.BytesIO(data)) as im:

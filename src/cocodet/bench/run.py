@@ -16,6 +16,7 @@ from cocodet.timing.measurement import Measurement
 from cocodet.timing.transfer import TransferTimer
 from cocodet.timing.workers import worker_memory
 from cocodet.data.decode import decode_checked
+from cocodet.data.storage import read_bytes
 from cocodet.datamodule import CocoDataModule
 from cocodet.data.dataset import EpochSampler
 from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, restore, to_device, update_digest
@@ -35,8 +36,7 @@ def decode_probe(datamodule: CocoDataModule, images: int) -> float | None:
     blobs = []
     for k in range(min(images, len(index))):
         try:
-            with open(index.paths[k], "rb") as f:
-                blobs.append((f.read(), (int(index.sizes[k][0]), int(index.sizes[k][1]))))
+            blobs.append((read_bytes(str(index.paths[k])), (int(index.sizes[k][0]), int(index.sizes[k][1]))))
         except OSError:
             continue
     times = []

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from cocodet.data.storage import is_dir, is_remote, join
 from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,14 @@ def resolve_inside(root: Path, file_name: str, real_dirs: dict[str, str] | None 
     return path
 
 
+def remote_inside(root: str, file_name: str) -> str | None:
+    """The URL of ``file_name`` under the remote ``root``, or None if it names another place
+    (an absolute name, a URL of its own, a ``..`` component: a store has no symlinks to follow)."""
+    if file_name.startswith("/") or "://" in file_name or ".." in file_name.split("/"):
+        return None
+    return join(root, file_name)
+
+
 @dataclass
 class CocoIndex:
     """Flat, picklable view of a COCO annotation file.
@@ -69,7 +78,7 @@ class CocoIndex:
     Attributes:
         image_ids: [N] int64 COCO image ids.
         sizes: [N, 2] int32 (height, width) from the JSON.
-        paths: one str per image (resolved absolute path, or "" when it escapes the root).
+        paths: one str per image (resolved absolute path or URL, or "" when it escapes the root).
         box_offsets: [N+1] int64; boxes of image k are boxes[box_offsets[k]:box_offsets[k+1]].
         boxes: [M, 4] float32 xyxy in stored pixel order (crowd regions excluded).
         labels: [M] int64 contiguous labels 1..K (0 is background).
@@ -148,10 +157,7 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
     annotation and category that the loader never reads (``scripts/bench_index.py`` measures
     both). Shows a progress bar for large files.
     """
-    image_root, ann_file = Path(image_root), Path(ann_file)
-    if not image_root.is_dir():
-        raise DatasetConfigError(f"image folder not found: {image_root} (set dataset.root / dataset.{{train,val}}_images)")
-    image_root = Path(os.path.abspath(image_root))  # absolute paths: a cached index is read from any working directory
+    remote, ann_file, image_root = is_remote(image_root), Path(ann_file), _image_root(image_root)
     data = load_coco_json(ann_file)
     _check_ids(data, ann_file)
     anns_of, dropped = _annotations_by_image(data, ann_file)
@@ -171,7 +177,8 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
         if not _image_stays(keep_empty, kept, anns):
             dropped["empty_image"] += 1
             continue
-        path = resolve_inside(image_root, str(img.get("file_name", "")), real_dirs)
+        name = str(img.get("file_name", ""))
+        path = remote_inside(image_root, name) if remote else resolve_inside(image_root, name, real_dirs)
         problems.append("" if path is not None else f"file_name {img.get('file_name')!r} resolves outside the image root {image_root}")
         paths.append(str(path) if path is not None else "")
         image_ids.append(img["id"])
@@ -194,6 +201,16 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
         ann_file=str(ann_file),
         dropped=dropped,
     )
+
+
+def _image_root(image_root: str | os.PathLike) -> str | Path:
+    """The split's image folder as the index records it: a URL as given, a local folder as an
+    absolute path (a cached index is then read from any working directory)."""
+    if not is_dir(image_root):
+        where = "no object under the prefix" if is_remote(image_root) else "no such folder"
+        raise DatasetConfigError(f"image folder not found: {image_root} ({where}; set dataset.root / "
+                                 "dataset.{train,val}_images)")
+    return image_root if is_remote(image_root) else Path(os.path.abspath(image_root))
 
 
 def _image_stays(keep_empty: bool | str, kept: list, anns: list[dict]) -> bool:

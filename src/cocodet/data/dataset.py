@@ -24,6 +24,7 @@ import torch.utils.data
 from cocodet.data.augment import Recipe
 from cocodet.data.bad_samples import skip_record
 from cocodet.data.coco import BadSampleError, CocoIndex
+from cocodet.data.rank_share import per_rank, rank_indices
 from cocodet.data.read import Source, load_resized
 from cocodet.data.recipe import to_original
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
@@ -185,20 +186,14 @@ class EpochSampler(torch.utils.data.Sampler):
         self.epoch = epoch  # the epoch Lightning (or the bench) asks for next
 
     def __len__(self) -> int:
-        return -(-self.size // self.world_size)
+        return per_rank(self.size, self.world_size)
 
     def __iter__(self):
         return self.epoch_keys(self.epoch)
 
     def epoch_keys(self, epoch: int):
         """The keys of ``epoch`` for this rank."""
-        if self.shuffle:
-            order = np.random.default_rng((self.seed, epoch, 2**62)).permutation(self.size)
-        else:
-            order = np.arange(self.size)
-        per_rank = len(self)
-        order = np.resize(order, per_rank * self.world_size)  # pad by wrapping, as DistributedSampler
-        mine = order[self.rank::self.world_size]
+        mine = rank_indices(self.size, self.seed, epoch, self.rank, self.world_size, self.shuffle)  # padded by wrapping
         if not self.pool or self.pool <= 1:  # no pool: partners come from the whole dataset
             for i in mine:
                 yield (epoch, int(i))

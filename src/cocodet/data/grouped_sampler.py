@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from cocodet.data.dataset import EpochSampler
+from cocodet.data.rank_share import epoch_order
 
 
 def aspect_bins(k: int) -> np.ndarray:
@@ -90,7 +91,7 @@ class GroupedEpochSampler(EpochSampler):
 
     def epoch_batches_of(self, epoch: int) -> list[np.ndarray]:
         """Every batch of ``epoch`` (all ranks, before padding)."""
-        order = np.random.default_rng((self.seed, epoch, 2**62)).permutation(self.size)
+        order = epoch_order(self.size, self.seed, epoch)
         return grouped_batches(order, self.groups, self.aspect, self.batch_size)
 
     def epoch_keys(self, epoch: int):

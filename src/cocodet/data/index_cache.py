@@ -23,6 +23,7 @@ import numpy as np
 
 from cocodet.data.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
 from cocodet.data.coco import CocoIndex, build_index
+from cocodet.data.storage import is_dir, is_remote
 
 log = logging.getLogger(__name__)
 # Bump when CocoIndex's fields or their meaning change (2: absolute image paths; 3: a verified
@@ -31,15 +32,15 @@ INDEX_FORMAT = 4
 ARRAYS = ("image_ids", "sizes", "paths", "box_offsets", "boxes", "labels", "category_ids", "problems")
 
 
-def index_key(image_root: Path, ann_file: Path, keep_empty: bool) -> str:
-    """What the cached index depends on, hashed."""
+def index_key(image_root: str | Path, ann_file: Path, keep_empty: bool) -> str:
+    """What the cached index depends on, hashed (a remote image root: its URL)."""
     st = ann_file.stat()
     content = hashlib.sha256()
     with open(ann_file, "rb") as f:
         for block in iter(lambda: f.read(16 << 20), b""):
             content.update(block)
     parts = [str(INDEX_FORMAT), str(st.st_size), str(st.st_mtime_ns), content.hexdigest(),
-             os.path.realpath(image_root), str(keep_empty if keep_empty == "reference" else bool(keep_empty))]
+             str(image_root) if is_remote(image_root) else os.path.realpath(image_root), str(keep_empty if keep_empty == "reference" else bool(keep_empty))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -51,8 +52,8 @@ def cached_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, kee
     ``cache_dir=None`` builds in memory every time (nothing written); so does a ``cache_dir``
     that cannot be written and holds no valid index, with a warning.
     """
-    image_root, ann_file = Path(image_root), Path(ann_file)
-    if cache_dir is None or not ann_file.is_file() or not image_root.is_dir():
+    image_root, ann_file = str(image_root), Path(ann_file)
+    if cache_dir is None or not ann_file.is_file() or not is_dir(image_root):
         return build_index(image_root, ann_file, keep_empty=keep_empty)  # build_index names what is missing
     cache = Path(os.path.expanduser(str(cache_dir)))
     key = index_key(image_root, ann_file, keep_empty)

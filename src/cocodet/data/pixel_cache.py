@@ -38,6 +38,7 @@ from cocodet.errors import UserError
 from cocodet.data.coco import BadSampleError, CocoIndex
 from cocodet.data.read import Source, clip_targets, load_resized
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.data.storage import file_stamps
 from cocodet.data.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
 
 log = logging.getLogger(__name__)
@@ -49,16 +50,13 @@ class CacheSpaceError(UserError):
 
 
 def pixel_key(index: CocoIndex, size: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> str:
-    """What the cached pixels depend on: every image file's path, size and mtime, the
+    """What the cached pixels depend on: every image file's path, size and mtime (an object's
+    size and ETag, from one listing: ``storage.file_stamps``), the
     resolution, the pixel limit (which images are refused) and the format (the annotations
     only matter through the file list)."""
     h = hashlib.sha256(f"{PIXEL_FORMAT}\n{size}\n{max_pixels}\n".encode())
-    for path in index.paths:
-        try:
-            st = os.stat(str(path))
-            h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        except OSError:
-            h.update(f"{path}\0missing\n".encode())
+    for path, stamp in zip(index.paths, file_stamps(index.paths)):
+        h.update(f"{path}\0{stamp}\n".encode())
     return h.hexdigest()[:24]
 
 

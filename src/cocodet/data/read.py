@@ -11,6 +11,7 @@ import numpy as np
 from cocodet.data.coco import BadSampleError, CocoIndex
 from cocodet.data.decode import Decoded, decode_checked
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.data.storage import read_bytes
 
 
 class Source(NamedTuple):
@@ -33,9 +34,8 @@ def read_file(index: CocoIndex, k: int) -> tuple[str, int, bytes]:
     if index.problems[k]:
         raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
     try:
-        with open(path, "rb") as f:
-            return path, image_id, f.read()
-    except OSError as e:
+        return path, image_id, read_bytes(path)
+    except OSError as e:  # a missing or unreadable file or object; a store that refuses the run raises StoreError
         raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
 
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 from cocodet.data.coco import CocoIndex, DatasetConfigError
 from cocodet.data.index_cache import cached_index
+from cocodet.data.storage import is_dir, is_remote, join, local_copy
+
+_local_copies: dict[tuple[str, str | None], Path] = {}  # (URL, cache_dir) -> this process's local copy
 
 
 def load_splits(root: str, train_images: str, train_ann: str, val_images: str, val_ann: str, keep_empty: bool = True,
@@ -19,16 +22,19 @@ def load_splits(root: str, train_images: str, train_ann: str, val_images: str, v
     splits with different category lists and, with ``on_bad_sample=raise``, file names that
     escape the image root.
     """
-    base = Path(root)
+    if synthetic and is_remote(root):
+        raise DatasetConfigError(f"dataset.synthetic writes a generated dataset to a local folder, not to "
+                                 f"dataset.root={root}; use dataset=coco for a bucket, or a local dataset.root")
     if synthetic:
         from cocodet.data.synthetic import ensure_synthetic
 
-        ensure_synthetic(base, **synthetic)
-    elif not base.is_dir():
-        raise DatasetConfigError(f"dataset.root={root} not found (resolved to {base.resolve()}); point "
+        ensure_synthetic(Path(root), **synthetic)
+    elif not is_dir(root):
+        where = "no object under that prefix" if is_remote(root) else f"resolved to {Path(root).resolve()}"
+        raise DatasetConfigError(f"dataset.root={root} not found ({where}); point "
                                  "dataset.root at a folder holding the split folders and annotations/")
-    train = cached_index(base / train_images, base / train_ann, keep_empty, cache_dir)
-    val = cached_index(base / val_images, base / val_ann, True, cache_dir)
+    train = cached_index(join(root, train_images), annotation_file(root, train_ann, cache_dir), keep_empty, cache_dir)
+    val = cached_index(join(root, val_images), annotation_file(root, val_ann, cache_dir), True, cache_dir)
     if list(train.category_ids) != list(val.category_ids):
         raise DatasetConfigError(f"train and val category ids differ: {train.category_ids.tolist()} vs "
                                  f"{val.category_ids.tolist()}; both splits must share one category list")
@@ -36,6 +42,22 @@ def load_splits(root: str, train_images: str, train_ann: str, val_images: str, v
         _refuse_index_problems(train)
         _refuse_index_problems(val)
     return train, val
+
+
+def annotation_file(root: str, ann: str, cache_dir: str | None) -> Path:
+    """The local path of a split's annotation file: under a local root, the file itself; under
+    a remote one, the copy fetched once into ``cache_dir``, keyed by URL and ETag
+    (``storage.local_copy``; later calls in this process ask the store nothing)."""
+    if not is_remote(root):
+        return Path(root) / ann
+    url = join(root, ann)
+    if (url, cache_dir) not in _local_copies:
+        try:
+            _local_copies[url, cache_dir] = local_copy(url, cache_dir)
+        except FileNotFoundError:
+            raise DatasetConfigError(f"annotation file not found: {url} (set dataset.root / "
+                                     "dataset.{train,val}_ann)") from None
+    return _local_copies[url, cache_dir]
 
 
 def _refuse_index_problems(index: CocoIndex) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import cv2
 import numpy as np
@@ -28,6 +28,7 @@ from cocodet.data.decode import decode_checked, decode_resized
 from cocodet.data.recipe import Recipe, to_original
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.dataset import EpochSampler
+from cocodet.data.storage import is_file, is_remote, listing, read_bytes
 from cocodet.loader.flat_batch import restore, to_device
 from cocodet.loader.build import build_loader
 from cocodet.models.evaluation import detections_to_coco, to_original_frame
@@ -41,16 +42,24 @@ class PredictSourceError(UserError):
     """predict.source names nothing to predict on."""
 
 
-def list_images(source: str) -> list[Path]:
-    path = Path(source)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if files:
-            return files
-        raise PredictSourceError(f"predict.source={source}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in it")
-    raise PredictSourceError(f"predict.source={source} is neither a file nor a folder")
+def list_images(source: str) -> list[str]:
+    """The image files of ``source`` (a file, a folder searched recursively, or the same as
+    a URL: an object or a prefix, listed once), sorted."""
+    if is_remote(source):
+        files = sorted(url for url in listing(source) if PurePosixPath(url).suffix.lower() in IMAGE_SUFFIXES)
+        single = not files and is_file(source)
+        kind = "an object nor a prefix holding images"
+    else:
+        path = Path(source)
+        files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES) \
+            if path.is_dir() else []
+        single = path.is_file()
+        kind = "a file nor a folder holding images"
+    if single:
+        return [source]
+    if files:
+        return files
+    raise PredictSourceError(f"predict.source={source} is neither {kind} ({', '.join(sorted(IMAGE_SUFFIXES))})")
 
 
 class ImageFolderDataset(torch.utils.data.Dataset):
@@ -59,7 +68,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     grey sample with ``image_id`` -1 and a skip record (``on_bad_sample=skip``), or raises
     BadSampleError (``raise``)."""
 
-    def __init__(self, files: list[Path], image_ids: list[int], recipe: Recipe, on_bad_sample: str,
+    def __init__(self, files: list[str], image_ids: list[int], recipe: Recipe, on_bad_sample: str,
                  max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
         self.files, self.image_ids, self.on_bad_sample = files, image_ids, on_bad_sample
         self.max_pixels = max_pixels
@@ -81,7 +90,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         path = self.files[i]
         t0 = time.perf_counter()
         try:
-            image, orig_hw, scale = self._decode(path.read_bytes())
+            image, orig_hw, scale = self._decode(read_bytes(path))
         except (OSError, ValueError) as e:
             error = BadSampleError(str(path), self.image_ids[i], getattr(e, "strerror", None) or str(e))
             if self.on_bad_sample == "raise":
@@ -100,13 +109,14 @@ class ImageFolderDataset(torch.utils.data.Dataset):
                            pad_share=out.pad_share, skipped=skipped)
 
 
-def assign_ids(files: list[Path], known: dict[str, int]) -> list[int]:
+def assign_ids(files: list[str], known: dict[str, int]) -> list[int]:
     """The val annotations' id for a known file name, else new ids above every known one."""
     next_id = max(known.values(), default=0) + 1
     ids = []
     for f in files:
-        if f.name in known:
-            ids.append(known[f.name])
+        name = PurePosixPath(str(f)).name
+        if name in known:
+            ids.append(known[name])
         else:
             ids.append(next_id)
             next_id += 1
@@ -117,7 +127,7 @@ def predict(module, datamodule, plan, *, source: str, score_threshold: float, dr
             batch_size: int, run_dir: Path, device: torch.device,
             max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> dict:
     files = list_images(source)
-    known = {Path(str(p)).name: int(i) for p, i in zip(datamodule.val_index.paths, datamodule.val_index.image_ids)}
+    known = {PurePosixPath(str(p)).name: int(i) for p, i in zip(datamodule.val_index.paths, datamodule.val_index.image_ids)}
     ids = assign_ids(files, known)
     file_of = dict(zip(ids, files))
     dataset = ImageFolderDataset(files, ids, datamodule.eval_recipe, on_bad_sample, max_image_pixels)
@@ -145,7 +155,7 @@ def predict(module, datamodule, plan, *, source: str, score_threshold: float, dr
                 category_ids = module.category_ids[out["labels"].cpu().numpy()[keep] - 1]
                 results.extend(detections_to_coco(image_id, boxes, scores, category_ids, decimals=4))
                 if draw:
-                    _draw(image, boxes_in, scores, category_ids, names, draw_dir / f"{file_of[image_id].stem}.png")
+                    _draw(image, boxes_in, scores, category_ids, names, draw_dir / f"{PurePosixPath(file_of[image_id]).stem}.png")
             bar.update(len(images))
     with open(run_dir / "predictions.json", "w") as f:
         json.dump(results, f)

@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from cocodet.data.coco import CocoIndex
 from cocodet.data.decode import decode_checked
+from cocodet.data.storage import StoreError, read_bytes
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,11 @@ def _stored_image(index: CocoIndex, k: int, tile_px: int, max_pixels: int) -> tu
     the tile) and the factor from stored pixels to decoded pixels; None for a file that cannot
     be read or that the header check refuses (drawn as "unreadable")."""
     try:
-        data = Path(str(index.paths[k])).read_bytes()
+        data = read_bytes(str(index.paths[k]))
         image = decode_checked(data, tuple(int(n) for n in index.sizes[k]), max_pixels, fit=tile_px).image
-    except Exception as e:  # a bad sample is the loader's to report; the picture shows it
+    except StoreError:  # a store that refuses the run refuses it here too
+        raise
+    except (OSError, ValueError) as e:  # a bad sample is the loader's to report; the picture shows it
         log.debug("prediction grid: image %s unreadable (%s)", index.paths[k], e)
         return None, 0.0
     return image, image.shape[0] / float(index.sizes[k][0])

@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
+
+from cocodet.data.storage import is_remote
 
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.resources import HostResources
@@ -26,5 +29,31 @@ def plan(cfg: DictConfig, loader_plan: LoaderPlan, resources: HostResources, run
 
         verify_indexes(train, val, run_dir, int(d["max_image_pixels"]))
     log.info("host preflight:\n%s", resources.table())
+    remote = remote_reads(cfg, train, loader_plan) if is_remote(str(d["root"])) else None
     return {"mode": "plan", **loader_plan.summary(), "host": resources.as_dict(), "train_images": len(train),
-            "val_images": len(val)}
+            "val_images": len(val), **({"remote": remote} if remote else {})}
+
+
+def remote_reads(cfg: DictConfig, train, loader_plan: LoaderPlan) -> dict:
+    """What one train epoch reads from a remote root for this rank: objects and bytes (from one
+    listing of the image prefix), and the images two ranks share (the sampler's padding)."""
+    from cocodet.data.rank_share import padding, rank_indices
+    from cocodet.data.storage import listing
+    from cocodet.modes.wiring import run_ranks
+
+    ranks = run_ranks(cfg)
+    sizes = listing(str(cfg.dataset.root).rstrip("/") + "/" + str(cfg.dataset.train_images))
+    mine = rank_indices(len(train), int(cfg.seed), 0, ranks.global_rank, ranks.world_size)
+    grouped = loader_plan.group_aspect_ratio is not None  # grouped batches pad whole batches: about the same share
+    objects = np.unique(mine)
+    bytes_ = sum(sizes.get(str(train.paths[k]), {}).get("size", 0) for k in objects)
+    shared = padding(len(train), ranks.world_size)
+    partners = cfg.augment.get("mosaic_p") is not None and cfg.augment.get("partner_pool") is None
+    log.info("remote root %s: this rank%s reads %s%d of %d train objects, %.1f MiB per epoch%s%s; each request waits "
+             "at most dataset.remote.timeout_s=%g s", cfg.dataset.root, ranks.label(), "about " if grouped else "",
+             len(objects), len(train), bytes_ / 2**20,
+             f"; {shared} images of each epoch's order are read by two ranks (the sampler pads by wrapping)"
+             if shared else "", ", plus the mosaic partners it draws from the whole dataset" if partners else "",
+             float(cfg.dataset.remote.timeout_s))
+    return {"root": str(cfg.dataset.root), "objects_per_epoch": int(len(objects)), "bytes_per_epoch": int(bytes_),
+            "listed_objects": len(sizes), "shared_by_two_ranks": shared, "approximate": grouped}

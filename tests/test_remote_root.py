@@ -1,0 +1,286 @@
+"""dataset.root=s3://bucket against a real moto_server filled with coco_tiny (issue 42): the
+stream contract as on local disk, every mode on the bucket, credentials kept secret, and a
+store that fails named in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import NARROW_MODEL, REPO, run_in_process, run_train
+from moto_store import DUMMY_KEYS, moto_server, s3_client, upload_folder
+
+pytest.importorskip("s3fs")
+BUCKET = "coco-tiny"
+ENV = {"PYTHONPATH": str(REPO / "tests")}
+
+
+@pytest.fixture(scope="module")
+def store(coco_tiny):
+    """The endpoint of a moto_server holding coco_tiny in ``coco-tiny``, with dummy keys in the
+    environment (moto accepts any key), and request recording on."""
+    saved = {k: os.environ.get(k) for k in DUMMY_KEYS}
+    os.environ.update(DUMMY_KEYS)
+    os.environ["MOTO_ENABLE_RECORDING"] = "True"
+    try:
+        with moto_server() as endpoint:
+            assert upload_folder(endpoint, coco_tiny, BUCKET) == 162
+            yield endpoint
+    finally:
+        os.environ.pop("MOTO_ENABLE_RECORDING", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def remote(endpoint: str, bucket: str = BUCKET) -> list[str]:
+    return ["dataset=coco", f"dataset.root=s3://{bucket}", f"dataset.storage_options.endpoint_url={endpoint}"]
+
+
+def bench_args(root_args: list[str], *extra: str) -> list[str]:
+    return ["mode=bench", *root_args, "dataset.image_size=192", "loader=explicit", "loader.batch_size=4",
+            "bench.batches=20", "bench.warmup=0", "bench.digest_batches=20", "bench.decode_probe=0", *extra]
+
+
+def requests_since(endpoint: str, reset: bool = False) -> list[dict]:
+    """The requests moto_server recorded (and with ``reset``, forget them first)."""
+    if reset:
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/recorder/reset-recording", method="POST"))
+        return []
+    text = urllib.request.urlopen(f"{endpoint}/moto-api/recorder/download-recording").read().decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_the_stream_equals_the_local_roots_at_every_worker_count_and_with_parts(store, coco_tiny, tmp_path):
+    local = run_in_process(bench_args([f"dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"),
+                           tmp_path / "local")
+    digests = {}
+    for name, extra in {"w0": ["loader.num_workers=0", "bench.decode_probe=2"], "w1": ["loader.num_workers=1"],
+                        "w2_parts": ["loader.num_workers=2", "loader.part_images=3"]}.items():
+        s = run_in_process(bench_args(remote(store), *extra), tmp_path / name)
+        assert s["digest_batches"] == 20 and s["examples"] == 80, name
+        digests[name] = s["batch_digest"]
+    assert set(digests.values()) == {local["batch_digest"]}, (local["batch_digest"], digests)
+
+
+def test_plan_names_the_root_and_what_an_epoch_reads_per_rank(store, coco_tiny, tmp_path, caplog):
+    caplog.set_level("INFO")
+    s = run_in_process(["mode=plan", *remote(store), "dataset.verify=true"], tmp_path / "plan")
+    files = sorted((coco_tiny / "train2017").iterdir())
+    assert s["remote"]["root"] == f"s3://{BUCKET}" and s["remote"]["objects_per_epoch"] == 80
+    assert s["remote"]["bytes_per_epoch"] == sum(f.stat().st_size for f in files)
+    assert "remote root s3://coco-tiny: this rank reads 80 of 80 train objects" in caplog.text
+    verify = json.loads((tmp_path / "plan" / "verify.json").read_text())  # dataset.verify decoded every object
+    assert verify == {"train": [], "val": []}
+    assert "train: 80 images, 0 problems" in caplog.text and "val: 80 images, 0 problems" in caplog.text
+
+
+def test_the_annotation_is_fetched_once_and_the_index_not_parsed_again(store, tmp_path, caplog):
+    caplog.set_level("INFO")
+    cache = tmp_path / "cache"
+    args = ["mode=plan", *remote(store), f"dataset.cache_dir={cache}"]
+    requests_since(store, reset=True)
+    run_in_process(args, tmp_path / "first")
+    first = [r for r in requests_since(store) if r["method"] == "GET" and "annotations/instances" in r["url"]]
+    assert len(first) == 2  # train and val, one GET each
+    caplog.clear()
+    requests_since(store, reset=True)
+    run_in_process(args, tmp_path / "second")
+    again = [r for r in requests_since(store) if r["method"] == "GET" and "annotations/instances" in r["url"]]
+    assert again == [], again  # a HEAD each (the ETag), no GET
+    assert caplog.text.count("read the cached index") == 2 and "built the index" not in caplog.text
+
+
+def test_prediction_grid_tiles_are_read_from_the_bucket(store, coco_tiny):
+    from cocodet.data import storage
+    from cocodet.data.splits import load_splits
+    from cocodet.models.prediction_grid import _stored_image
+
+    storage.configure({"endpoint_url": store})
+    _, val = load_splits(f"s3://{BUCKET}", "train2017", "annotations/instances_train2017.json", "val2017",
+                         "annotations/instances_val2017.json")
+    local, _ = load_splits(str(coco_tiny), "val2017", "annotations/instances_val2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    for k in range(3):
+        assert val.paths[k].startswith(f"s3://{BUCKET}/val2017/")
+        image, scale = _stored_image(val, k, 96, 10**9)
+        assert image is not None and scale > 0, val.paths[k]  # not the "unreadable" tile
+        assert np.array_equal(image, _stored_image(local, k, 96, 10**9)[0])
+
+
+def test_preview_reads_the_bucket(store, tmp_path):
+    s = run_in_process(["mode=preview", *remote(store), "dataset.image_size=128", "preview.batches=1"],
+                       tmp_path / "preview")
+    assert s["mode"] == "preview" and len(s["pngs"]) == 1 and Path(s["pngs"][0]).stat().st_size > 10_000
+    assert not (tmp_path / "preview" / "bad_samples.jsonl").exists()
+
+
+def test_a_deleted_object_is_a_bad_sample_named_by_its_key(store, coco_tiny, tmp_path):
+    upload_folder(store, coco_tiny, "coco-missing")
+    gone = sorted(p.name for p in (coco_tiny / "train2017").iterdir())[5]
+    s3_client(store).delete_object(Bucket="coco-missing", Key=f"train2017/{gone}")
+    s = run_in_process(bench_args(remote(store, "coco-missing"), "loader.num_workers=2", "dataset.on_bad_sample=skip"),
+                       tmp_path / "skip")
+    records = [json.loads(line) for line in (tmp_path / "skip" / "bad_samples.jsonl").read_text().splitlines()]
+    assert s["examples"] == 80 and records
+    assert {r["file"] for r in records} == {f"s3://coco-missing/train2017/{gone}"}
+    assert all("no such object (404 on GetObject)" in r["reason"] for r in records)
+    from cocodet.data.coco import BadSampleError
+
+    with pytest.raises(BadSampleError, match=f"s3://coco-missing/train2017/{gone}.*404"):
+        run_in_process(bench_args(remote(store, "coco-missing"), "loader.num_workers=0"), tmp_path / "raise")
+
+
+def test_a_store_that_does_not_answer_ends_the_run_within_the_timeout(tmp_path):
+    from cocodet.data.storage import StoreTimeout
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # accepts connections (the kernel does), never answers
+    held = []
+    threading.Thread(target=lambda: [held.append(silent.accept()) for _ in range(64)], daemon=True).start()
+    endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    started = time.monotonic()
+    with pytest.raises(StoreTimeout, match=r"did not answer .* within dataset.remote.timeout_s=1.5 s"):
+        run_in_process(["mode=plan", *remote(endpoint), "dataset.remote.timeout_s=1.5"], tmp_path / "plan")
+    assert time.monotonic() - started < 10
+    silent.close()
+
+
+def test_a_credential_override_is_refused_before_hydra_writes_it(tmp_path):
+    secret = "cocodet-OVERRIDE-secret-7c1e"
+    for override in (f"dataset.storage_options.secret={secret}", f"+dataset.storage_options.key={secret}",
+                     f"hydra.job.env_set.AWS_SECRET_ACCESS_KEY={secret}",
+                     f"dataset.root=s3://user:{secret}@host/bucket"):
+        proc, _ = run_train(["mode=plan", override], tmp_path / "run", check=False)
+        assert proc.returncode == 2, override
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "environment" in lines[0], proc.stderr
+        assert secret not in proc.stderr + proc.stdout
+        assert not (tmp_path / "run").exists()  # Hydra never started: no .hydra/overrides.yaml
+
+
+def test_a_credential_in_a_config_file_is_refused(tmp_path):
+    from cocodet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="dataset.storage_options.client_kwargs.aws_secret_access_key: a credential"):
+        run_in_process(["mode=plan", "+dataset.storage_options.client_kwargs.aws_secret_access_key=x"], tmp_path / "r")
+
+
+@pytest.fixture(scope="module")
+def guarded_store(coco_tiny):
+    """A moto_server that checks keys: one user, allowed to list the bucket and read only its
+    annotations (so its images are refused, as under a policy or an expired token)."""
+    import boto3
+
+    with moto_server(auth_after=3) as endpoint:  # the admin's user, policy and key; then every request is checked
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bootstrap",
+                           aws_secret_access_key="bootstrap")
+        iam.create_user(UserName="admin")
+        iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        admin = iam.create_access_key(UserName="admin")["AccessKey"]
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                           aws_access_key_id=admin["AccessKeyId"], aws_secret_access_key=admin["SecretAccessKey"])
+        iam.create_user(UserName="reader")
+        policy = {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject"],
+             "Resource": ["arn:aws:s3:::coco-auth", "arn:aws:s3:::coco-auth/annotations/*"]}]}
+        iam.put_user_policy(UserName="reader", PolicyName="annotations", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        upload_folder(endpoint, coco_tiny, "coco-auth", key=admin["AccessKeyId"], secret=admin["SecretAccessKey"])
+        yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
+
+
+@pytest.mark.slow
+def test_a_refusal_ends_the_run_in_one_line_even_with_skip(guarded_store, tmp_path):
+    endpoint, key_id, secret = guarded_store
+    cases = {"wrong_secret": ({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": "not-" + secret}, "ListObjectsV2"),
+             "images_refused": ({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}, "GetObject")}
+    for name, (keys, operation) in cases.items():
+        proc, _ = run_train(["mode=bench", *remote(endpoint, "coco-auth"), "dataset.on_bad_sample=skip",
+                             "dataset.image_size=128", "bench.batches=4", "bench.decode_probe=0", "loader=explicit",
+                             "loader.num_workers=1"], tmp_path / name, env=keys, check=False, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        assert lines[-1].startswith("error: s3://coco-auth") and f"refused {operation} on bucket 'coco-auth'" in lines[-1]
+        assert "Traceback" not in proc.stderr and secret not in proc.stderr + proc.stdout, name
+        assert not (tmp_path / name / "bad_samples.jsonl").exists()  # nothing was skipped as a bad sample
+
+
+# A mid-epoch stop and resume on the bucket, with a distinctive secret in the environment: the
+# local root's digest, every mode afterwards, and the secret in no file the runs leave.
+SECRET = "cocodet-DISTINCT-secret-1f9b2d"
+KEY_ID = "AKIACOCODETDISTINCT7"
+
+
+def train_args(root_args: list[str], *extra: str) -> list[str]:
+    return [*root_args, "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=2",
+            "trainer.limit_val_batches=2", "trainer.deterministic=true", "trainer.enable_progress_bar=false",
+            "loader=explicit", "loader.num_workers=2", *extra]
+
+
+@pytest.fixture(scope="module")
+def resumed_run(store, coco_tiny, tmp_path_factory):
+    base = tmp_path_factory.mktemp("remote_train")
+    keys = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, **ENV}
+    signal = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=15",
+              "+callbacks.signal_at.signal_name=SIGTERM"]
+    run_dir = base / "run"
+    p1, first = run_train(train_args(remote(store), *signal), run_dir, env=keys, timeout=900)
+    p2, second = run_train(train_args(remote(store), "loader.num_workers=1", "ckpt_path=last"), run_dir, env=keys,
+                           timeout=900)
+    local = run_in_process(train_args([f"dataset=coco", f"dataset.root={coco_tiny}"]), base / "local")
+    return {"first": first, "second": second, "local": local, "run_dir": run_dir, "base": base,
+            "output": p1.stdout + p1.stderr + p2.stdout + p2.stderr}
+
+
+@pytest.mark.slow
+def test_a_resumed_run_on_the_bucket_has_the_local_roots_digest(resumed_run):
+    first, second, local = resumed_run["first"], resumed_run["second"], resumed_run["local"]
+    assert first["status"] == "preempted" and first["steps"] == 15
+    assert second["status"] == "completed" and second["steps"] == 20 and local["steps"] == 20
+    assert second["stream_digest"] == local["stream_digest"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eval", "predict"])
+def test_eval_and_predict_on_the_bucket(resumed_run, store, mode, tmp_path):
+    ckpt = resumed_run["second"]["last_ckpt"]
+    extra = ["predict.source=s3://coco-tiny/val2017", "predict.draw=false"] if mode == "predict" else []
+    s = run_in_process([f"mode={mode}", *train_args(remote(store)), f"ckpt_path={ckpt}", *extra], tmp_path / mode)
+    if mode == "eval":
+        assert s["images"] == 16 and 0.0 <= s["map"] <= 1.0, s  # trainer.limit_val_batches=2 of 8
+    else:
+        assert s["images"] == 80 and s["bad_images"] == 0, s
+        names = [im["file_name"] for im in json.loads(Path(s["images_json"]).read_text())]
+        assert all(n.startswith("s3://coco-tiny/val2017/") for n in names)
+
+
+@pytest.mark.slow
+def test_no_credential_in_anything_the_runs_leave(resumed_run):
+    assert resumed_run["second"]["status"] == "completed"
+    leaks = []
+    for path in Path(resumed_run["run_dir"]).rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            leaks += [f"{path} holds {name}" for name, value in (("secret", SECRET), ("key id", KEY_ID))
+                      if value.encode() in data]
+    checked = {p.name for p in Path(resumed_run["run_dir"]).rglob("*") if p.is_file()}  # what was searched
+    assert {"config.yaml", "hydra.yaml", "overrides.yaml", "summary.json", "train.log", "metrics.csv",
+            "hparams.yaml", "last.ckpt"} <= checked, checked
+    assert any(n.startswith("events.out.tfevents") for n in checked)
+    assert not leaks, leaks
+    assert SECRET not in resumed_run["output"] and KEY_ID not in resumed_run["output"]
