@@ -22,7 +22,8 @@ from cocodet.data.grouped_sampler import GroupedEpochSampler
 from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.pixel_cache import open_pixel_cache
 from cocodet.data.splits import annotation_file, load_splits
-from cocodet.data.storage import configure as configure_storage
+from cocodet.data.prefetch import start_read_ahead
+from cocodet.data.storage import configure as configure_storage, counts as storage_counts, is_remote
 from cocodet.data.verify import verify_indexes
 from cocodet.errors import UserError
 from cocodet.loader.build import build_loader
@@ -85,6 +86,10 @@ class CocoDataModule(L.LightningDataModule):
                  storage_options: dict | None = None, remote: dict | None = None):
         super().__init__()
         configure_storage(storage_options, **(remote or {}))  # a URL root's filesystem (data/storage.py)
+        self.root, self.train_images, self.remote, self.cache_dir = root, train_images, dict(remote or {}), cache_dir
+        self.read_ahead = None  # a remote root's prefetcher (data/prefetch.py), started with the train loader
+        self.samples_consumed = 0  # train samples that reached the model (or the bench)
+        self.read_ahead_record: dict | None = None  # the read-ahead's summary, kept when it stops
         self.run_dir = Path(run_dir) if run_dir else None
         self.max_image_pixels = max_image_pixels  # every decode of this run's files checks it (data/decode.py)
         self.bad_samples = BadSampleLedger(self.run_dir)
@@ -199,6 +204,12 @@ class CocoDataModule(L.LightningDataModule):
         position = self.stream.start(self._world_size())
         sampler = self._sampler(self.train_set, shuffle=True)
         start = self.stream.take_resume_start(sampler)
+        if self.read_ahead is None:
+            epoch = start[0] if start else (self.trainer.current_epoch if self.trainer is not None else 0)
+            self.read_ahead = start_read_ahead(self.root, self.train_images, self.remote, self.cache_dir, self.train_set,
+                                               sampler, epoch, start[1] * self.batch_size if start else 0,
+                                               self.trainer.local_rank if self.trainer is not None else 0,
+                                               self.plan.local_ranks)
         return build_loader(self.train_set, sampler, self.batch_size, self.plan, position=position,
                             across_epochs=True, replanner=self.replanner, stage="train", start=start)
 
@@ -216,7 +227,31 @@ class CocoDataModule(L.LightningDataModule):
             self.bad_samples.record(batch.skipped, batch.images.shape[0], "train" if training else "val", epoch)
             if training:
                 self.stream.consume(batch, epoch)
+                self.note_consumed(batch)
         return batch
+
+    def note_consumed(self, batch: FlatBatch) -> None:
+        """A train batch reached the model: the read-ahead may move on (training; the bench)."""
+        self.samples_consumed += batch.images.shape[0]
+        if self.read_ahead is not None:
+            self.read_ahead.advance(batch.images.shape[0])
+
+    def teardown(self, stage: str) -> None:
+        if self.read_ahead is not None:
+            self.read_ahead.stop()
+            self.read_ahead_record = self.read_ahead.summary()
+            self.read_ahead = None
+
+    def remote_summary(self) -> dict | None:
+        """What the store served this process and its workers (``summary.json``'s ``remote``)."""
+        if not is_remote(self.root):
+            return None
+        counts = storage_counts()
+        samples = max(1, self.samples_consumed)
+        return {"gets": int(counts["gets"]), "bytes_fetched": int(counts["bytes_fetched"]),
+                "misses": int(counts["misses"]), "retries": int(counts["retries"]),
+                "cache_hits": int(counts["cache_hits"]), "gets_per_sample": round(counts["gets"] / samples, 4),
+                "read_ahead": self.read_ahead.summary() if self.read_ahead is not None else self.read_ahead_record}
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
         if not isinstance(batch, FlatBatch):

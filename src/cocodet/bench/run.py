@@ -91,7 +91,8 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
             loader.set_epoch(books.epoch)
             wanted = None if batches is None else max(1, warmup + batches - len(m.waits))
             before = len(m.waits)
-            measure(loader, consume, count=lambda b: b.images.shape[0], max_batches=wanted, on_batch=books.on_batch,
+            measure(loader, consume, count=lambda b: b.images.shape[0], max_batches=wanted,
+                    on_batch=lambda b: (books.on_batch(b), datamodule.note_consumed(b)),
                     sync_cuda=device.type == "cuda", into=m)
             peaks.sample()
             per_epoch.append(_epoch_row(books.epoch, m, before, worker_memory(loader)))
@@ -108,6 +109,8 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
         summary.update(decode_bounds(decode_ms, plan.usable_cpus, books.stats["decodes"]))
         summary["augment_vs_decode"] = round(summary["stage_ms_per_sample"]["augment"] / decode_ms, 3)
     summary.update({k: v for k, v in plan.summary().items() if k not in summary})
+    if producer == "dataset" and datamodule.remote_summary() is not None:
+        summary["remote"] = datamodule.remote_summary()
     return summary
 
 

@@ -88,6 +88,16 @@ class DetectionDataset(torch.utils.data.Dataset):
         return load_resized(self.index, k, self.recipe.decode_size, timings, self.max_image_pixels,
                             self.recipe.min_box_side)
 
+    def planned_reads(self, key: Any) -> list[int]:
+        """The dataset indices sample ``key`` reads when every image is good, in the order
+        :meth:`_sample` reads them: the same draws from the same generator (the read-ahead's
+        plan, ``data/prefetch.py``; ``tests/test_read_ahead.py`` compares it with the reads)."""
+        epoch, i, pool = _unpack(key)
+        rng = np.random.default_rng((self.seed, epoch, i))
+        others = [j for j in pool if j != i] or [i] if pool else None
+        return [i] + [int(others[rng.integers(len(others))]) if others else int(rng.integers(len(self.index)))
+                      for _ in range(self.recipe.partners(rng))]
+
     def __getitem__(self, key: Any) -> dict:
         return self.__getitems__([key])[0]
 

@@ -20,13 +20,17 @@ environment's credential values before it is raised.
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cocodet.errors import UserError
+from cocodet.errors import RunStopped, UserError
 
+log = logging.getLogger(__name__)
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
 # Environment variables whose values must never appear in a message (the standard chain's).
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
@@ -58,6 +62,26 @@ class StoreUnreachable(StoreError):
     """No connection to the store at all (a wrong endpoint, a refused connection)."""
 
 
+class StoreTransient(StoreError):
+    """A failure the store says is passing: 5xx, throttling, a reset connection."""
+
+
+class StoreDown(StoreError, RunStopped):
+    """A request failed for ``dataset.remote.give_up_s`` (and at least ``retries`` times): the
+    run ends with a resumable checkpoint (``models/preemption.py``) and this one line."""
+
+    status = "store_down"
+
+
+# Failures worth retrying: the store is busy, restarting or briefly unreachable.
+_TRANSIENT = (StoreTimeout, StoreUnreachable, StoreTransient)
+_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "Throttling",
+                    "ThrottlingException", "RequestTimeout", "RequestLimitExceeded", "BadGateway"}
+BACKOFF_CAP_S = 5.0  # the longest pause between two attempts (full jitter below it)
+# What this process and the workers it forks counted (shared memory, created by configure()).
+COUNTS = ("gets", "bytes_fetched", "misses", "retries", "cache_hits")
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     """``dataset.storage_options`` (passed to fsspec; never credentials) and
@@ -65,18 +89,47 @@ class StoreSettings:
 
     options: dict = field(default_factory=dict)
     timeout_s: float = 60.0
+    retries: int = 5
+    give_up_s: float = 120.0
 
 
 _settings = StoreSettings()
 _filesystems: dict[tuple[int, str], object] = {}  # (pid, protocol) -> this process's filesystem
+_counts = None  # multiprocessing.Array of COUNTS, shared with forked workers
+_object_cache = None  # the node-local read-ahead cache (data/object_cache.py), when one is in use
 
 
-def configure(storage_options: dict | None = None, timeout_s: float = 60.0) -> None:
-    """Set how remote URLs are opened, for this process and the workers it forks."""
-    global _settings
+def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retries: int = 5,
+              give_up_s: float = 120.0, **read_ahead) -> None:
+    """Set how remote URLs are opened, for this process and the workers it forks
+    (``read_ahead``: the remote group's read-ahead keys, used by ``data/prefetch.py``)."""
+    global _settings, _counts, _object_cache
     options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
-    _settings = StoreSettings(options, float(timeout_s))
+    _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s))
     _filesystems.clear()
+    _object_cache = None
+    if _counts is None:
+        import multiprocessing
+
+        _counts = multiprocessing.Array("d", len(COUNTS))
+
+
+def count(name: str, amount: float = 1) -> None:
+    if _counts is not None:
+        with _counts.get_lock():
+            _counts[COUNTS.index(name)] += amount
+
+
+def counts() -> dict[str, float]:
+    """Every counter so far, this process and its workers together."""
+    return {name: (_counts[k] if _counts is not None else 0.0) for k, name in enumerate(COUNTS)}
+
+
+def use_object_cache(cache) -> None:
+    """Route reads of remote objects through ``cache`` (``cache.read(url) -> bytes | None``):
+    set in the main process before the workers fork."""
+    global _object_cache
+    _object_cache = cache
 
 
 def settings() -> StoreSettings:
@@ -138,10 +191,38 @@ def _error_code(error: BaseException) -> tuple[str, str]:
 
 
 def _call(url: str, operation: str, method: str, *args, deadline: float | None = None):
-    """``method`` of the filesystem of ``url`` on ``args``, within ``deadline`` seconds
-    (default ``timeout_s``), with the store's failures turned into the errors above."""
+    """``method`` of the filesystem of ``url`` on ``args``: each attempt within ``deadline``
+    seconds (default ``timeout_s``), transient failures retried with capped exponential back-off
+    and full jitter while fewer than ``retries`` retries were made or less than ``give_up_s``
+    has passed since the first failure (whichever allows more), then :class:`StoreDown`."""
+    first_failure, retries = None, 0
+    while True:
+        try:
+            result = _attempt(url, operation, method, args, deadline or _settings.timeout_s)
+        except _TRANSIENT as e:
+            now = time.monotonic()
+            first_failure = first_failure or now
+            failing = now - first_failure
+            if retries >= _settings.retries and failing >= _settings.give_up_s:
+                raise StoreDown(redact(
+                    f"{url}: the store has failed {operation} for {failing:.0f} s ({retries} retries; last: {e}); "
+                    f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
+                    "if training had started: resume with the same command plus ckpt_path=last once the store "
+                    "answers")) from None
+            retries += 1
+            count("retries")
+            pause = random.uniform(0, min(BACKOFF_CAP_S, 0.1 * 2 ** retries))
+            time.sleep(min(pause, max(0.0, _settings.give_up_s - failing)) if retries > _settings.retries else pause)
+            continue
+        if retries:
+            log.warning("%s: %s succeeded after %d retries (%.1f s)", url, operation, retries,
+                        time.monotonic() - first_failure)
+        return result
+
+
+def _attempt(url: str, operation: str, method: str, args: tuple, deadline: float):
+    """One request, with the store's failures turned into the errors above."""
     fs = filesystem(url)
-    deadline = deadline or _settings.timeout_s
     try:
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
@@ -163,7 +244,7 @@ def _classified(url: str, operation: str, error: Exception, deadline: float) -> 
     code, message = _error_code(error)
     bucket = bucket_of(url)
     endpoint = _settings.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
-    if isinstance(error, PermissionError) or code in _DENIED_CODES:
+    if isinstance(error, PermissionError) or code in _DENIED_CODES or "NoCredentials" in type(error).__name__:
         return StoreAccessError(redact(
             f"{url}: the store refused {operation} on bucket {bucket!r} ({code or 'denied'}: {message or error}). "
             "Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), "
@@ -177,8 +258,9 @@ def _classified(url: str, operation: str, error: Exception, deadline: float) -> 
         return StoreUnreachable(redact(
             f"{url}: cannot connect to the store at {endpoint} for {operation} ({error}); check "
             "dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL"))
-    return StoreError(redact(f"{url}: {operation} failed ({type(error).__name__}: {code + ' ' if code else ''}"
-                             f"{message or error})"))
+    kind = StoreTransient if code in _TRANSIENT_CODES or isinstance(error, ConnectionError) else StoreError
+    return kind(redact(f"{url}: {operation} failed ({type(error).__name__}: {code + ' ' if code else ''}"
+                       f"{message or error})"))
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -189,7 +271,19 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     if not is_remote(path):
         with open(path, "rb") as f:
             return f.read()
-    return _call(str(path), "GetObject", "cat_file", str(path))
+    if _object_cache is not None:
+        data = _object_cache.read(str(path))  # the read-ahead's copy, or a counted direct GET (a miss)
+        if data is not None:
+            return data
+    return get_object(str(path))
+
+
+def get_object(url: str) -> bytes:
+    """One GET of the object at ``url`` (retried as :func:`_call` says), counted."""
+    data = _call(url, "GetObject", "cat_file", url)
+    count("gets")
+    count("bytes_fetched", len(data))
+    return data
 
 
 def object_info(url: str) -> dict:

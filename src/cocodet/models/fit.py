@@ -43,6 +43,8 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         except RunStopped as e:  # a full disk, a health stop: the summary still reaches stdout, then one error line
             status, stopped = e.status, e
             close_progress_bars(trainer)
+        finally:
+            datamodule.teardown("fit")  # its threads (a remote root's read-ahead), also when the run failed
     # Collective (every rank gathers), so before anything only rank 0 does.
     ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
     if ddp is not None:
@@ -81,6 +83,8 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "ddp": ddp,
         "ranks": rank_check,
         "health": module.health.summary() if hasattr(module, "health") else None,
+        **({"remote": datamodule.remote_summary()} if getattr(datamodule, "remote_summary", None) and
+           datamodule.remote_summary() is not None else {}),
         **getattr(module, "lr_record", {}),  # global_batch, effective_lr
     }
     if stopped is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 
+from cocodet.data.storage import StoreDown
 from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ class PreemptionCheckpoint(L.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if trainer.received_sigterm:  # during validation, or after this hook in the batch: the position is exact
             self._save_on_sigterm(trainer)
+        elif isinstance(exception, StoreDown) and not self.preempted:  # the stream stands after the last batch consumed
+            self.preempted = True
+            self._save(trainer)
+            log.warning("the store is down: saved %s at step %d (epoch %d)", self.saved_path, trainer.global_step,
+                        trainer.current_epoch)
 
     def _save_on_sigterm(self, trainer: L.Trainer) -> None:
         if not self.preempted:

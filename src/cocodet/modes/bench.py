@@ -3,12 +3,22 @@ place that imports ``cocodet.bench``."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.modes.wiring import build_datamodule, build_module, device_of
+
+
+@contextmanager
+def _torn_down(datamodule):
+    """The datamodule's threads (a remote root's read-ahead) end with the bench, however it ends."""
+    try:
+        yield
+    finally:
+        datamodule.teardown("bench")
 
 
 def bench(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
@@ -20,7 +30,7 @@ def bench(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
     datamodule = build_datamodule(cfg, plan, run_dir)
     precision = resolve_precision(cfg.trainer.get("precision", "32-true"))
     step = model_step(build_module(cfg, datamodule), device, precision) if b.consumer == "model" else None
-    with explained_loader_failures(plan, shm_path=str(cfg.loader.shm_path)):
+    with explained_loader_failures(plan, shm_path=str(cfg.loader.shm_path)), _torn_down(datamodule):
         summary = run_bench(datamodule, plan, consumer=b.consumer, work_ms=float(b.work_ms), batches=b.batches,
                             warmup=int(b.warmup), epochs=int(b.epochs), digest_batches=int(b.digest_batches),
                             producer=b.producer, producer_ms=float(b.producer_ms),

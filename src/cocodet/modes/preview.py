@@ -14,6 +14,9 @@ def preview(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict
     from cocodet.preview import render_previews
 
     datamodule = build_datamodule(cfg, plan, run_dir)
-    paths, batch_bins = render_previews(datamodule, run_dir / "previews", batches=int(cfg.preview.batches),
-                                        epoch=int(cfg.preview.epoch))
+    try:
+        paths, batch_bins = render_previews(datamodule, run_dir / "previews", batches=int(cfg.preview.batches),
+                                            epoch=int(cfg.preview.epoch))
+    finally:
+        datamodule.teardown("preview")  # a remote root's read-ahead thread
     return {"mode": "preview", "pngs": [str(p) for p in paths], "batch_bins": batch_bins, **plan.summary()}

@@ -1,0 +1,235 @@
+"""The read-ahead of a remote root: one thread per rank, in the main process, that fetches what
+this rank's train stream will read, in the order it will read it, into the node-local
+:class:`~cocodet.data.object_cache.ObjectCache`, within a byte budget.
+
+The order is known in advance: the sampler's keys for this epoch (from the stream's position)
+and the next, each with the images its sample reads (``DetectionDataset.planned_reads``: the
+primary and the mosaic partners, drawn from the same per-sample generator). The *window* is
+the longest run of that order, from the position the model has consumed, whose distinct
+objects fit in ``budget``; the thread keeps the window's objects on disk, fetching in order
+with ``concurrency`` GETs at a time, and makes room by evicting the copies needed again
+latest (Belady's rule: everything outside the window is needed later than everything inside
+it). Workers read the copies; one the thread has not fetched yet is a miss, fetched by the
+worker itself and counted (``storage.counts()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from cocodet.data import storage
+from cocodet.data.object_cache import ObjectCache
+
+log = logging.getLogger(__name__)
+
+
+class Prefetcher:
+    """This rank's read-ahead.
+
+    Args:
+        cache: the copies (its ``objects`` give each URL's size and ETag).
+        paths: [N] the split's URLs (the index's paths), by dataset index.
+        plan_epoch: epoch -> ([M] dataset indices this rank reads that epoch, in order; [K + 1]
+            offsets of each of its K samples' reads in them): :func:`epoch_reads`.
+        budget: bytes the copies may take (this rank's share of ``cache_bytes``).
+        concurrency: GETs in flight.
+    """
+
+    def __init__(self, cache: ObjectCache, paths, plan_epoch, budget: int, concurrency: int):
+        self.cache, self.paths, self.plan_epoch = cache, [str(p) for p in paths], plan_epoch
+        self.budget, self.concurrency = int(budget), max(1, int(concurrency))
+        self.sizes = np.array([cache.objects.get(p, {}).get("size", 0) for p in self.paths], dtype=np.int64)
+        self.held: dict[int, int] = {}  # dataset index -> bytes of a copy in the folder (or being fetched)
+        self.inflight: set[int] = set()
+        self.epochs: list[tuple[int, np.ndarray, np.ndarray]] = []  # (epoch, reads, offsets per sample)
+        self.consumed = 0  # samples of the first listed epoch the model has consumed
+        self.peak_bytes = 0
+        self.failed: BaseException | None = None
+        self._changed = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- the main thread's side -----------------------------------------------------------
+    def start(self, epoch: int, skip_samples: int = 0) -> None:
+        """Begin at ``epoch`` after its first ``skip_samples`` samples (a resume)."""
+        self.epochs = [(epoch, *self.plan_epoch(epoch)), (epoch + 1, *self.plan_epoch(epoch + 1))]
+        self.consumed = int(skip_samples)
+        self._adopt_existing()
+        self._thread = threading.Thread(target=self._run, name="cocodet-prefetch", daemon=True)
+        self._thread.start()
+
+    def advance(self, samples: int) -> None:
+        """The model consumed ``samples`` more samples (a batch)."""
+        with self._changed:
+            self.consumed += int(samples)
+            while len(self.epochs) > 1 and self.consumed >= len(self.epochs[0][2]) - 1:
+                self.consumed -= len(self.epochs[0][2]) - 1
+                done = self.epochs.pop(0)[0]
+                self.epochs.append((done + 2, *self.plan_epoch(done + 2)))
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stop = True
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # -- the thread -----------------------------------------------------------------------
+    def _future(self) -> np.ndarray:
+        """Dataset indices still to be read, in order, from the consumed position."""
+        first_epoch, reads, offsets = self.epochs[0]
+        rest = [reads[offsets[min(self.consumed, len(offsets) - 1)]:]] + [r for _, r, _ in self.epochs[1:]]
+        return np.concatenate(rest)
+
+    def _window(self, future: np.ndarray) -> tuple[np.ndarray, dict[int, int]]:
+        """(the window's objects in order of first use, next use of every future object)."""
+        objects, first = np.unique(future, return_index=True)
+        order = np.argsort(first, kind="stable")
+        objects, first = objects[order], first[order]
+        fits = np.cumsum(self.sizes[objects]) <= self.budget
+        count = int(np.argmin(fits)) if not fits.all() else len(objects)
+        return objects[:count], dict(zip(objects.tolist(), first.tolist()))
+
+    def _run(self) -> None:
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="cocodet-get") as pool:
+            while True:
+                with self._changed:
+                    if self._stop:
+                        return
+                    window, next_use = self._window(self._future())
+                    wanted = set(window.tolist())
+                    for k in window.tolist():
+                        if len(self.inflight) >= self.concurrency:
+                            break
+                        if k in self.held:
+                            continue
+                        if self.cache.held(self.paths[k]):  # a worker's miss, published (and counted) by it
+                            self.held[k] = int(self.sizes[k])
+                            continue
+                        if not self._make_room(int(self.sizes[k]), wanted, next_use):
+                            break
+                        self.inflight.add(k)
+                        self.held[k] = int(self.sizes[k])
+                        try:
+                            pool.submit(self._fetch, k)
+                        except RuntimeError:  # the interpreter is shutting down under a daemon thread
+                            return
+                    self.peak_bytes = max(self.peak_bytes, self.cache.held_bytes())
+                    self._changed.wait(timeout=0.5)
+
+    def _make_room(self, size: int, wanted: set[int], next_use: dict[int, int]) -> bool:
+        """Reserve ``size`` bytes, evicting copies outside the window, needed again latest
+        first (the workers' own copies found in the folder included); False if they do not fit."""
+        for attempt in range(2):
+            victims = sorted((k for k in self.held if k not in wanted and k not in self.inflight),
+                             key=lambda k: -next_use.get(k, 1 << 62))
+            while not self.cache.reserve(size):
+                if not victims:
+                    break
+                k = victims.pop(0)
+                self.cache.evict(self.paths[k])
+                self.held.pop(k)
+            else:
+                return True
+            if attempt == 0:
+                self._adopt_folder()
+        return False
+
+    def _fetch(self, k: int) -> None:
+        url = self.paths[k]
+        try:
+            self.cache.fetch(url, reserved=True)
+        except BaseException as e:  # noqa: BLE001 - the workers meet the same failure and end the run with it
+            log.warning("read-ahead: %s not fetched (%s); workers will read it directly", url, e)
+            with self._changed:
+                self.held.pop(k, None)
+                self.cache.release(int(self.sizes[k]))
+                self.failed = e
+        finally:
+            with self._changed:
+                self.inflight.discard(k)
+                self._changed.notify_all()
+
+    def _adopt_folder(self) -> None:
+        """Know every copy in the folder (the workers' misses, an earlier run's): by name."""
+        if not hasattr(self, "_index_of"):
+            self._index_of = {self.cache.path(p).name: k for k, p in enumerate(self.paths) if p in self.cache.objects}
+        for entry in self.cache.folder.iterdir():
+            k = self._index_of.get(entry.name)
+            if k is not None and k not in self.held:
+                self.held[k] = int(self.sizes[k])
+
+    def _adopt_existing(self) -> None:
+        """Count the copies an earlier run left against the budget (evicting down to it, needed
+        latest first), so the folder never holds more than the budget."""
+        self._adopt_folder()
+        self.cache.release(-sum(self.held.values()))  # counted now: they are on disk
+        window, next_use = self._window(self._future())
+        self._make_room(0, set(window.tolist()), next_use)
+
+    def summary(self) -> dict:
+        return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_bytes, "concurrency": self.concurrency}
+
+
+def epoch_reads(sampler, dataset, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(this rank's reads of ``epoch`` in order, offsets of each sample's reads): the sampler's
+    keys, each with ``dataset.planned_reads``."""
+    reads = [dataset.planned_reads(key) for key in sampler.epoch_keys(epoch)]
+    offsets = np.cumsum([0] + [len(r) for r in reads])
+    return (np.concatenate(reads).astype(np.int64) if reads else np.zeros(0, np.int64)), offsets
+
+
+def read_ahead_budget(folder, cache_bytes: int, local_ranks: int, objects: dict[str, dict], concurrency: int) -> dict:
+    """This rank's share of ``dataset.remote.cache_bytes`` and what the read-ahead holds in
+    memory, refused with the numbers when the folder's disk cannot hold the budget."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from cocodet.data.cache_files import ensure_folder
+    from cocodet.errors import UserError
+
+    folder = Path(os.path.expanduser(str(folder)))
+    ensure_folder(folder)
+    free = shutil.disk_usage(folder).free + sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    if cache_bytes > free:
+        raise UserError(f"dataset.remote.cache_bytes={cache_bytes} ({cache_bytes / 2**30:.1f} GiB) does not fit in "
+                        f"{folder}: {free / 2**30:.1f} GiB free there; lower it, or point dataset.remote.cache_dir at "
+                        "a larger local disk")
+    largest = max((o["size"] for o in objects.values()), default=0)
+    total = sum(o["size"] for o in objects.values())
+    return {"cache_dir": str(folder), "cache_bytes": int(cache_bytes), "rank_budget_bytes": int(cache_bytes // local_ranks),
+            "split_bytes": int(total), "holds_the_split": bool(cache_bytes // local_ranks >= total),
+            "memory_bytes": int(concurrency * largest), "concurrency": int(concurrency)}
+
+
+def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None, dataset, sampler, epoch: int,
+                     skip_samples: int, local_rank: int, local_ranks: int) -> Prefetcher | None:
+    """The read-ahead of a remote train split, started, or None where there is none: a local
+    root, no folder (``dataset.remote.cache_dir`` and ``dataset.cache_dir`` null),
+    ``cache_bytes=0``, or a pixel cache (which reads each object once, at its build)."""
+    import os
+    from functools import partial
+
+    folder = remote.get("cache_dir") or (os.path.join(os.path.expanduser(cache_dir), "objects") if cache_dir else None)
+    cache_bytes, concurrency = int(remote.get("cache_bytes") or 0), int(remote.get("concurrency") or 16)
+    if not storage.is_remote(root) or not folder or cache_bytes <= 0 or dataset.pixel_cache is not None:
+        return None
+    objects = storage.listing(storage.join(root, images))
+    budget = read_ahead_budget(folder, cache_bytes, local_ranks, objects, concurrency)
+    cache = ObjectCache(os.path.join(os.path.expanduser(folder), f"local-rank-{local_rank}"), objects,
+                        budget["rank_budget_bytes"])
+    storage.use_object_cache(cache)  # before the workers fork: they read the copies
+    prefetcher = Prefetcher(cache, dataset.index.paths, partial(epoch_reads, sampler, dataset),
+                            budget["rank_budget_bytes"], concurrency)
+    prefetcher.start(epoch, skip_samples)
+    log.info("read-ahead: %s, %.0f MiB for this rank (%s the %.0f MiB split), %d GETs in flight (about %.0f MiB of "
+             "memory)", folder, budget["rank_budget_bytes"] / 2**20,
+             "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20, concurrency,
+             budget["memory_bytes"] / 2**20)
+    return prefetcher

@@ -1,0 +1,145 @@
+"""The read-ahead of a remote root (issue 43): one prefetcher per rank fetches, in the sampler's
+own order, what the rank will read, each object once, within a byte budget, counted at the
+server (moto_server's request recorder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_in_process
+from moto_store import DUMMY_KEYS, moto_server, upload_folder
+
+pytest.importorskip("s3fs")
+BUCKET = "coco-ahead"
+
+
+@pytest.fixture(scope="module")
+def store(coco_tiny):
+    saved = {k: os.environ.get(k) for k in (*DUMMY_KEYS, "MOTO_ENABLE_RECORDING")}
+    os.environ.update(DUMMY_KEYS, MOTO_ENABLE_RECORDING="True")
+    try:
+        with moto_server() as endpoint:
+            upload_folder(endpoint, coco_tiny, BUCKET)
+            yield endpoint
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def recorded(endpoint: str, reset: bool = False) -> list[dict]:
+    if reset:
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/recorder/reset-recording", method="POST"))
+        return []
+    text = urllib.request.urlopen(f"{endpoint}/moto-api/recorder/download-recording").read().decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def image_gets(requests: list[dict]) -> dict[str, int]:
+    """GETs per train image key, as the server saw them."""
+    counts: dict[str, int] = {}
+    for r in requests:
+        if r["method"] == "GET" and "/train2017/" in r["url"]:
+            key = r["url"].split("/train2017/", 1)[1].split("?", 1)[0]
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def bench(endpoint: str, cache: Path, *extra: str) -> list[str]:
+    return ["mode=bench", "dataset=coco", f"dataset.root=s3://{BUCKET}",
+            f"dataset.storage_options.endpoint_url={endpoint}", f"dataset.cache_dir={cache}",
+            "dataset.image_size=192", "loader=explicit", "loader.num_workers=2", "loader.batch_size=8",
+            "bench.batches=20", "bench.warmup=0", "bench.digest_batches=20", "bench.decode_probe=0", *extra]
+
+
+@pytest.mark.parametrize("partners", ["8", "null"])
+def test_the_plan_reads_what_the_samples_read(coco_tiny, partners, monkeypatch):
+    """planned_reads replays the sample's own draws: the images _sample loads, in its order."""
+    from cocodet.data import dataset as dataset_module
+    from cocodet.data.augment import Mosaic
+    from cocodet.data.dataset import DetectionDataset, EpochSampler
+    from cocodet.data.splits import load_splits
+
+    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    pool = None if partners == "null" else int(partners)
+    dataset = DetectionDataset(train, Mosaic(image_size=64, partner_pool=pool), seed=3)
+    loads: list[int] = []
+    real = dataset_module.load_resized
+    monkeypatch.setattr(dataset_module, "load_resized", lambda index, k, *a, **kw: loads.append(k) or real(index, k, *a, **kw))
+    for key in list(EpochSampler(len(train), 3, True, pool=pool).epoch_keys(2))[:12]:
+        loads.clear()
+        dataset._sample(key, lambda k, t: dataset._read(k, t))
+        assert loads == dataset.planned_reads(key), key
+
+
+def test_each_object_is_fetched_once_per_epoch_and_a_held_split_not_again(store, coco_tiny, tmp_path):
+    """Budget above the split: epoch 0 fetches each train image once (counted at the server),
+    epochs 1 and 2 fetch nothing; the batches are the local root's."""
+    recorded(store, reset=True)
+    s = run_in_process(bench(store, tmp_path / "cache", "bench.batches=30", "bench.epochs=3"), tmp_path / "run")
+    gets = image_gets(recorded(store))
+    assert len(gets) == 80 and set(gets.values()) == {1}, gets  # three epochs, one GET per key
+    remote = s["remote"]
+    assert remote["gets"] >= 80 and remote["misses"] <= remote["gets"] and remote["read_ahead"]["concurrency"] == 16
+    assert remote["gets_per_sample"] <= 80 / 240 + 0.05  # val and annotations aside, a third of a GET per sample
+    local = run_in_process(bench(store, tmp_path / "c2", "bench.batches=30", "bench.epochs=3",
+                                 f"dataset.root={coco_tiny}"), tmp_path / "local")
+    assert s["batch_digest"] == local["batch_digest"]
+
+
+def test_a_budget_of_a_quarter_of_the_split_is_never_exceeded(store, coco_tiny, tmp_path):
+    sizes = sorted(p.stat().st_size for p in (coco_tiny / "train2017").iterdir())
+    budget = sum(sizes) // 4
+    folder = tmp_path / "cache" / "objects"
+    peak, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if folder.is_dir():
+                held = 0
+                for p in folder.iterdir():
+                    try:
+                        held += p.stat().st_size if not p.name.endswith(".part") else 0
+                    except FileNotFoundError:
+                        pass
+                peak[0] = max(peak[0], held)
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    recorded(store, reset=True)
+    try:
+        # Batches of 2: the workers' 5 batches in flight (10 samples, their pools' partners among
+        # them) fit in the quarter's 20 images, so the read-ahead window covers what workers read.
+        s = run_in_process(bench(store, tmp_path / "cache", f"dataset.remote.cache_bytes={budget}",
+                                 "loader.batch_size=2", "bench.batches=80", "bench.digest_batches=80",
+                                 "bench.epochs=2"), tmp_path / "run")
+    finally:
+        stop.set()
+        watcher.join()
+    gets = image_gets(recorded(store))
+    assert 0 < peak[0] <= budget, (peak[0], budget)
+    assert s["remote"]["read_ahead"]["peak_held_bytes"] <= budget
+    # At most one GET per key per epoch: two whole epochs, and the head of the third that the
+    # read-ahead (and the workers, which stream across epochs) fetched before the bench stopped.
+    from cocodet.data.dataset import EpochSampler
+    from cocodet.data.splits import load_splits
+
+    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    head = [Path(str(train.paths[k[1]])).name for k in list(EpochSampler(80, 0, True, pool=8).epoch_keys(2))[:24]]
+    third = {key for key, n in gets.items() if n == 3}
+    assert max(gets.values()) <= 3 and third <= set(head), (sorted(gets.values()), third - set(head))
+    assert sum(gets.values()) <= 160 + len(third) and s["remote"]["misses"] == 0
+    local = run_in_process(bench(store, tmp_path / "c2", "loader.batch_size=2", "bench.batches=80",
+                                 "bench.digest_batches=80", "bench.epochs=2", f"dataset.root={coco_tiny}"),
+                           tmp_path / "local")
+    assert s["batch_digest"] == local["batch_digest"]
