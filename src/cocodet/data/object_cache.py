@@ -40,6 +40,8 @@ class ObjectCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.objects, self.budget = objects, int(budget)
         self._held = multiprocessing.Value("q", 0)  # bytes of the copies in the folder (and reserved for)
+        for stale in self.folder.glob("*.part"):  # claims of a run that died: no process of this rank is running
+            self._unlink(stale)
 
     def reserve(self, size: int) -> bool:
         """Count ``size`` more bytes if they fit in the budget."""
@@ -86,6 +88,7 @@ class ObjectCache:
                 return path.read_bytes()  # published while we looked
             except FileNotFoundError:
                 pass
+            storage.check_store_up(url, "a copy another process fetches")  # it retries; we give up with it
             if time.monotonic() > deadline:  # the claimer died: its .part is stale
                 self._unlink(path.with_name(path.name + ".part"))
                 deadline = time.monotonic() + storage.settings().timeout_s + storage.settings().give_up_s

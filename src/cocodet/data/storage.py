@@ -96,6 +96,10 @@ class StoreSettings:
 _settings = StoreSettings()
 _filesystems: dict[tuple[int, str], object] = {}  # (pid, protocol) -> this process's filesystem
 _counts = None  # multiprocessing.Array of COUNTS, shared with forked workers
+# When the store began failing (time.monotonic(), system-wide on Linux; 0: it answers), shared by
+# this process, its workers and the read-ahead's threads: the store is down for all of them
+# once no request has succeeded for give_up_s, so they give up together.
+_down_since = None
 _object_cache = None  # the node-local read-ahead cache (data/object_cache.py), when one is in use
 
 
@@ -103,7 +107,7 @@ def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retr
               give_up_s: float = 120.0, **read_ahead) -> None:
     """Set how remote URLs are opened, for this process and the workers it forks
     (``read_ahead``: the remote group's read-ahead keys, used by ``data/prefetch.py``)."""
-    global _settings, _counts, _object_cache
+    global _settings, _counts, _object_cache, _down_since
     options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
     _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s))
     _filesystems.clear()
@@ -112,6 +116,40 @@ def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retr
         import multiprocessing
 
         _counts = multiprocessing.Array("d", len(COUNTS))
+        _down_since = multiprocessing.Value("d", 0.0)
+
+
+def _failing_for(now: float) -> float:
+    """Note a failure; seconds since the store began failing (this process's view if unshared)."""
+    if _down_since is None:
+        return 0.0
+    with _down_since.get_lock():
+        if _down_since.value == 0.0:
+            _down_since.value = now
+        return now - _down_since.value
+
+
+def _answered() -> None:
+    if _down_since is not None and _down_since.value != 0.0:
+        with _down_since.get_lock():
+            _down_since.value = 0.0
+
+
+def down_for() -> float:
+    """Seconds no request has succeeded since one failed (0: the store answers)."""
+    since = _down_since.value if _down_since is not None else 0.0
+    return time.monotonic() - since if since else 0.0
+
+
+def check_store_up(url: str, operation: str) -> None:
+    """Raise :class:`StoreDown` if the store has failed every request for ``give_up_s``: for
+    a reader that waits on another process's request instead of making its own."""
+    failing = down_for()
+    if failing > _settings.give_up_s:
+        raise StoreDown(f"{url}: the store has answered no request for {failing:.0f} s while {operation} waited; "
+                        f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
+                        "if training had started: resume with the same command plus ckpt_path=last once the store "
+                        "answers")
 
 
 def count(name: str, amount: float = 1) -> None:
@@ -165,8 +203,14 @@ def filesystem(url: str):
             config = dict(options.pop("config_kwargs", None) or {})
             config.setdefault("connect_timeout", _settings.timeout_s)
             config.setdefault("read_timeout", _settings.timeout_s)
+            # One attempt per request: _call alone retries (back-off with jitter, the give-up
+            # clock shared by every process); botocore's and s3fs's own retries would stack.
+            config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
             options["config_kwargs"] = config
-        _filesystems[key] = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+        fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+        if hasattr(fs, "retries"):
+            fs.retries = 1
+        _filesystems[key] = fs
     return _filesystems[key]
 
 
@@ -202,7 +246,7 @@ def _call(url: str, operation: str, method: str, *args, deadline: float | None =
         except _TRANSIENT as e:
             now = time.monotonic()
             first_failure = first_failure or now
-            failing = now - first_failure
+            failing = max(now - first_failure, _failing_for(now))
             if retries >= _settings.retries and failing >= _settings.give_up_s:
                 raise StoreDown(redact(
                     f"{url}: the store has failed {operation} for {failing:.0f} s ({retries} retries; last: {e}); "
@@ -214,6 +258,7 @@ def _call(url: str, operation: str, method: str, *args, deadline: float | None =
             pause = random.uniform(0, min(BACKOFF_CAP_S, 0.1 * 2 ** retries))
             time.sleep(min(pause, max(0.0, _settings.give_up_s - failing)) if retries > _settings.retries else pause)
             continue
+        _answered()
         if retries:
             log.warning("%s: %s succeeded after %d retries (%.1f s)", url, operation, retries,
                         time.monotonic() - first_failure)
