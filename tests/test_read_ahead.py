@@ -143,3 +143,40 @@ def test_a_budget_of_a_quarter_of_the_split_is_never_exceeded(store, coco_tiny, 
                                  "bench.digest_batches=80", "bench.epochs=2", f"dataset.root={coco_tiny}"),
                            tmp_path / "local")
     assert s["batch_digest"] == local["batch_digest"]
+
+
+def rank_of(request: dict) -> int | None:
+    agent = request.get("headers", {}).get("User-Agent", "")
+    return int(agent.split("cocodet/rank-", 1)[1].split()[0]) if "cocodet/rank-" in agent else None
+
+
+@pytest.mark.slow
+def test_under_ddp_each_rank_fetches_its_own_indices_with_the_local_digests(store, coco_tiny, tmp_path):
+    """trainer=ddp_cpu, 2 ranks: the server's log (each GET's User-Agent names the rank) shows
+    each rank's prefetcher fetching its own share of epoch 0 first, then what its next epochs
+    add (the train loader streams on across the epoch's end), each key once; the per-rank
+    digests are the local root's."""
+    from cocodet.data.dataset import EpochSampler
+    from cocodet.data.splits import load_splits
+    from conftest import NARROW_MODEL, run_train
+
+    common = ["dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=1",
+              "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "trainer=ddp_cpu", "loader=explicit",
+              "loader.num_workers=1", f"dataset.cache_dir={tmp_path / 'cache'}"]
+    recorded(store, reset=True)
+    _, remote = run_train(["dataset=coco", f"dataset.root=s3://{BUCKET}", f"dataset.storage_options.endpoint_url={store}",
+                           *common], tmp_path / "remote", env=DUMMY_KEYS, timeout=900)
+    requests = [r for r in recorded(store) if r["method"] == "GET" and "/train2017/" in r["url"]]
+    _, local = run_train(["dataset=coco", f"dataset.root={coco_tiny}", *common], tmp_path / "local", timeout=900)
+    assert remote["ddp"]["stream_digests"] == local["ddp"]["stream_digests"]
+    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    name = [Path(str(p)).name for p in train.paths]
+    for rank in (0, 1):
+        mine = [r["url"].split("/train2017/", 1)[1] for r in requests if rank_of(r) == rank]
+        share = [{name[k[1]] for k in EpochSampler(80, 0, True, rank, 2, pool=8).epoch_keys(e)} for e in (0, 1, 2)]
+        assert len(mine) == len(set(mine)), f"rank {rank} fetched a key twice"
+        # Its epoch-0 share first (in the order it reads them, up to the 16 GETs in flight that
+        # arrive in any order), then what its next epochs add.
+        assert share[0] <= set(mine[:len(share[0]) + 16]) and set(mine) <= share[0] | share[1] | share[2], rank
+    assert all(rank_of(r) in (0, 1) for r in requests)

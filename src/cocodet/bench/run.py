@@ -182,7 +182,9 @@ class _Bookkeeping:
 def _epoch_row(epoch: int, m: Measurement, before: int, workers: list) -> dict:
     """One epoch's line: its start-up, batches and the workers' memory. USS (pages only this
     worker holds) is what each extra worker really costs: the number for loader.worker_footprint_mb."""
+    seconds = float(np.sum(m.waits[before:]) + np.sum(m.works[before:]))
     return {"epoch": epoch, "start_s": round(m.epoch_starts[-1], 4), "batches": len(m.waits) - before,
+            "examples_per_s": round(float(np.sum(m.examples[before:])) / seconds, 3) if seconds > 0 else None,
             "worker_rss_mb": round(np.mean([mem.rss for mem in workers]) / 2**20, 1) if workers else None,
             "worker_uss_mb": round(np.mean([mem.uss for mem in workers]) / 2**20, 1) if workers else None}
 

@@ -208,6 +208,13 @@ def read_ahead_budget(folder, cache_bytes: int, local_ranks: int, objects: dict[
             "memory_bytes": int(concurrency * largest), "concurrency": int(concurrency)}
 
 
+def read_ahead_folder(remote: dict, cache_dir: str | None) -> str | None:
+    """``dataset.remote.cache_dir``, else ``<dataset.cache_dir>/objects``; None when both are null."""
+    import os
+
+    return remote.get("cache_dir") or (os.path.join(os.path.expanduser(cache_dir), "objects") if cache_dir else None)
+
+
 def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None, dataset, sampler, epoch: int,
                      skip_samples: int, local_rank: int, local_ranks: int) -> Prefetcher | None:
     """The read-ahead of a remote train split, started, or None where there is none: a local
@@ -216,7 +223,7 @@ def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None
     import os
     from functools import partial
 
-    folder = remote.get("cache_dir") or (os.path.join(os.path.expanduser(cache_dir), "objects") if cache_dir else None)
+    folder = read_ahead_folder(remote, cache_dir)
     cache_bytes, concurrency = int(remote.get("cache_bytes") or 0), int(remote.get("concurrency") or 16)
     if not storage.is_remote(root) or not folder or cache_bytes <= 0 or dataset.pixel_cache is not None:
         return None

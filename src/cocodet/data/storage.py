@@ -206,6 +206,10 @@ def filesystem(url: str):
             # One attempt per request: _call alone retries (back-off with jitter, the give-up
             # clock shared by every process); botocore's and s3fs's own retries would stack.
             config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+            # Which rank asked, in the store's access log: User-Agent "... cocodet/rank-N" (RANK,
+            # else LOCAL_RANK: Lightning's launcher sets only the latter on one host).
+            rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+            config.setdefault("user_agent_extra", f"cocodet/rank-{rank}")
             options["config_kwargs"] = config
         fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
         if hasattr(fs, "retries"):

@@ -56,4 +56,23 @@ def remote_reads(cfg: DictConfig, train, loader_plan: LoaderPlan) -> dict:
              if shared else "", ", plus the mosaic partners it draws from the whole dataset" if partners else "",
              float(cfg.dataset.remote.timeout_s))
     return {"root": str(cfg.dataset.root), "objects_per_epoch": int(len(objects)), "bytes_per_epoch": int(bytes_),
-            "listed_objects": len(sizes), "shared_by_two_ranks": shared, "approximate": grouped}
+            "listed_objects": len(sizes), "shared_by_two_ranks": shared, "approximate": grouped,
+            "read_ahead": read_ahead_plan(cfg, sizes, ranks.local_world_size)}
+
+
+def read_ahead_plan(cfg: DictConfig, objects: dict, local_ranks: int) -> dict | None:
+    """The read-ahead's disk (refused when its folder cannot hold cache_bytes) and memory."""
+    from cocodet.data.prefetch import read_ahead_budget, read_ahead_folder
+
+    remote = OmegaConf.to_container(cfg.dataset.remote, resolve=True)
+    folder = read_ahead_folder(remote, cfg.dataset.get("cache_dir"))
+    if not folder or not remote.get("cache_bytes") or cfg.dataset.cache != "none":
+        log.info("read-ahead: off (%s)", "dataset.cache holds the pixels" if cfg.dataset.cache != "none" else
+                 "dataset.remote.cache_bytes=0" if folder else "no folder: dataset.cache_dir and remote.cache_dir null")
+        return None
+    budget = read_ahead_budget(folder, int(remote["cache_bytes"]), local_ranks, objects, int(remote["concurrency"]))
+    log.info("read-ahead: %s on disk for each of %d local rank(s) in %s (%s the %.0f MiB split), %d GETs in flight, "
+             "about %.0f MiB of memory", f"{budget['rank_budget_bytes'] / 2**20:.0f} MiB", local_ranks, folder,
+             "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20,
+             budget["concurrency"], budget["memory_bytes"] / 2**20)
+    return budget
