@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -64,7 +62,7 @@ def requests_since(endpoint: str, reset: bool = False) -> list[dict]:
 
 
 def test_the_stream_equals_the_local_roots_at_every_worker_count_and_with_parts(store, coco_tiny, tmp_path):
-    local = run_in_process(bench_args([f"dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"),
+    local = run_in_process(bench_args(["dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"),
                            tmp_path / "local")
     digests = {}
     for name, extra in {"w0": ["loader.num_workers=0", "bench.decode_probe=2"], "w1": ["loader.num_workers=1"],
@@ -90,7 +88,7 @@ def test_the_pixel_cache_of_a_bucket_is_keyed_by_one_listing(store, coco_tiny, t
     again = requests_since(store)
     assert [r for r in again if "2017/0" in r["url"]] == [], "the second start read or HEADed images"
     assert all(r["method"] in ("GET", "HEAD") for r in again)
-    local = run_in_process(bench_args([f"dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"),
+    local = run_in_process(bench_args(["dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"),
                            tmp_path / "local")
     assert first["batch_digest"] == second["batch_digest"] == local["batch_digest"]
     assert second["decodes_per_sample"] == 0
@@ -279,7 +277,7 @@ def resumed_run(store, coco_tiny, tmp_path_factory):
     p1, first = run_train(train_args(remote(store), *signal), run_dir, env=keys, timeout=900)
     p2, second = run_train(train_args(remote(store), "loader.num_workers=1", "ckpt_path=last"), run_dir, env=keys,
                            timeout=900)
-    local = run_in_process(train_args([f"dataset=coco", f"dataset.root={coco_tiny}"]), base / "local")
+    local = run_in_process(train_args(["dataset=coco", f"dataset.root={coco_tiny}"]), base / "local")
     return {"first": first, "second": second, "local": local, "run_dir": run_dir, "base": base,
             "output": p1.stdout + p1.stderr + p2.stdout + p2.stderr}
 

@@ -69,7 +69,7 @@ class ObjectCache:
             return None
         path = self.path(url)
         try:
-            data = path.read_bytes()
+            data = self._read_copy(path)
         except FileNotFoundError:
             return self.fetch(url, miss=True)
         storage.count("cache_hits")
@@ -85,7 +85,7 @@ class ObjectCache:
             if claim is not None:
                 return self._fetch_into(url, path, claim, miss, reserved)
             try:
-                return path.read_bytes()  # published while we looked
+                return self._read_copy(path)  # published while we looked
             except FileNotFoundError:
                 pass
             storage.check_store_up(url, "a copy another process fetches")  # it retries; we give up with it
@@ -106,7 +106,7 @@ class ObjectCache:
             if path.exists():  # published between our look and our claim
                 os.close(fd)
                 self._unlink(part)
-                return path.read_bytes()
+                return self._read_copy(path)
             data = storage.get_object(url)
             self._check(url, data)
             with os.fdopen(fd, "wb") as f:
@@ -130,6 +130,11 @@ class ObjectCache:
                                           and hashlib.md5(data, usedforsecurity=False).hexdigest() != etag):
             raise storage.StoreError(f"{url}: read {len(data)} bytes that do not match the listing ({want['size']} "
                                      f"bytes, ETag {etag}); the object changed during the run: start it again")
+
+    @staticmethod
+    def _read_copy(path: Path) -> bytes:
+        """A copy's bytes (FileNotFoundError when there is none): what storage.get_object wrote."""
+        return path.read_bytes()
 
     def evict(self, url: str) -> None:
         """Remove the copy and its bytes from the count."""

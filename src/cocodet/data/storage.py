@@ -28,55 +28,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cocodet.errors import RunStopped, UserError
+from cocodet.data.store_errors import (  # noqa: F401  (re-exported: the errors readers of this module catch)
+    TRANSIENT, StoreAccessError, StoreDown, StoreError, StoreTimeout, StoreTransient, StoreUnreachable, bucket_of,
+    classified, redact)
 
 log = logging.getLogger(__name__)
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
-# Environment variables whose values must never appear in a message (the standard chain's).
-CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
-_DENIED_CODES = {"AccessDenied", "Forbidden", "403", "401", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                 "ExpiredToken", "ExpiredTokenException", "InvalidToken", "TokenRefreshRequired",
-                 "AllAccessDisabled", "AccountProblem", "UnauthorizedAccess"}
-
-
-class StoreError(UserError):
-    """A store that cannot serve this run at all. Raised in a DataLoader worker, it reaches the
-    main process rebuilt from the worker's traceback text (``ExceptionWrapper.reraise``): the
-    constructor keeps only this error's own line, so the user still reads one line."""
-
-    def __init__(self, message: str):
-        if "Original Traceback" in message:
-            message = message.rsplit(f"{type(self).__name__}: ", 1)[-1].strip()
-        super().__init__(message)
-
-
-class StoreAccessError(StoreError):
-    """The store refused an operation (401/403, an expired token, an unknown key)."""
-
-
-class StoreTimeout(StoreError):
-    """The store did not answer within ``dataset.remote.timeout_s``."""
-
-
-class StoreUnreachable(StoreError):
-    """No connection to the store at all (a wrong endpoint, a refused connection)."""
-
-
-class StoreTransient(StoreError):
-    """A failure the store says is passing: 5xx, throttling, a reset connection."""
-
-
-class StoreDown(StoreError, RunStopped):
-    """A request failed for ``dataset.remote.give_up_s`` (and at least ``retries`` times): the
-    run ends with a resumable checkpoint (``models/preemption.py``) and this one line."""
-
-    status = "store_down"
-
-
-# Failures worth retrying: the store is busy, restarting or briefly unreachable.
-_TRANSIENT = (StoreTimeout, StoreUnreachable, StoreTransient)
-_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "Throttling",
-                    "ThrottlingException", "RequestTimeout", "RequestLimitExceeded", "BadGateway"}
 BACKOFF_CAP_S = 5.0  # the longest pause between two attempts (full jitter below it)
 # What this process and the workers it forks counted (shared memory, created by configure()).
 COUNTS = ("gets", "bytes_fetched", "misses", "retries", "cache_hits")
@@ -186,10 +143,6 @@ def join(root: str | os.PathLike, *parts: str) -> str:
     return "/".join([str(root).rstrip("/"), *(p.strip("/") for p in parts if p.strip("/"))])
 
 
-def bucket_of(url: str) -> str:
-    return url.split("://", 1)[1].split("/", 1)[0]
-
-
 def filesystem(url: str):
     """This process's fsspec filesystem for ``url``'s protocol, opened on first use."""
     protocol = _URL.match(url).group(1).lower()
@@ -218,26 +171,6 @@ def filesystem(url: str):
     return _filesystems[key]
 
 
-def redact(text: str) -> str:
-    """``text`` with the environment's credential values replaced by ``***``."""
-    for name in CREDENTIAL_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text
-
-
-def _error_code(error: BaseException) -> tuple[str, str]:
-    """(code, message) of a store error: botocore's ClientError (kept by s3fs as the cause)."""
-    for e in (error, error.__cause__, error.__context__):
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            err = response.get("Error", {})
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return str(err.get("Code") or status or ""), str(err.get("Message") or "")
-    return "", str(error)
-
-
 def _call(url: str, operation: str, method: str, *args, deadline: float | None = None):
     """``method`` of the filesystem of ``url`` on ``args``: each attempt within ``deadline``
     seconds (default ``timeout_s``), transient failures retried with capped exponential back-off
@@ -247,7 +180,7 @@ def _call(url: str, operation: str, method: str, *args, deadline: float | None =
     while True:
         try:
             result = _attempt(url, operation, method, args, deadline or _settings.timeout_s)
-        except _TRANSIENT as e:
+        except TRANSIENT as e:
             now = time.monotonic()
             first_failure = first_failure or now
             failing = max(now - first_failure, _failing_for(now))
@@ -284,32 +217,8 @@ def _attempt(url: str, operation: str, method: str, args: tuple, deadline: float
                                           "check dataset.root and the endpoint")) from None
         raise FileNotFoundError(f"{url}: no such object (404 on {operation})") from None
     except Exception as e:  # noqa: BLE001 - every other failure is classified below, never swallowed
-        raise _classified(url, operation, e, deadline) from None
-
-
-def _classified(url: str, operation: str, error: Exception, deadline: float) -> Exception:
-    from fsspec.exceptions import FSTimeoutError
-
-    code, message = _error_code(error)
-    bucket = bucket_of(url)
-    endpoint = _settings.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
-    if isinstance(error, PermissionError) or code in _DENIED_CODES or "NoCredentials" in type(error).__name__:
-        return StoreAccessError(redact(
-            f"{url}: the store refused {operation} on bucket {bucket!r} ({code or 'denied'}: {message or error}). "
-            "Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), "
-            "AWS_PROFILE or the instance's role: check they are set, current and allowed to read this bucket"))
-    if isinstance(error, (FSTimeoutError, TimeoutError)) or "timeout" in type(error).__name__.lower():
-        return StoreTimeout(redact(
-            f"{url}: the store at {endpoint} did not answer {operation} within dataset.remote.timeout_s="
-            f"{deadline:g} s; check the endpoint (dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL) and the "
-            "network, or raise dataset.remote.timeout_s"))
-    if "connect" in type(error).__name__.lower() or "connect" in str(error).lower():
-        return StoreUnreachable(redact(
-            f"{url}: cannot connect to the store at {endpoint} for {operation} ({error}); check "
-            "dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL"))
-    kind = StoreTransient if code in _TRANSIENT_CODES or isinstance(error, ConnectionError) else StoreError
-    return kind(redact(f"{url}: {operation} failed ({type(error).__name__}: {code + ' ' if code else ''}"
-                       f"{message or error})"))
+        endpoint = _settings.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
+        raise classified(url, operation, e, deadline, endpoint) from None
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:

@@ -32,19 +32,8 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     """Train, validating as configured; return the training summary. ``ranks``: what
     ``cocodet.ranks`` answered before the trainer existed, checked against the trainer's."""
     started = time.perf_counter()
-    status, stopped = "completed", None
     with explained_loader_failures(plan, shm_path=shm_path):
-        try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path,
-                        weights_only=weights_only if ckpt_path else None)
-        except SIGTERMException:
-            status = "preempted"
-            close_progress_bars(trainer)
-        except RunStopped as e:  # a full disk, a health stop: the summary still reaches stdout, then one error line
-            status, stopped = e.status, e
-            close_progress_bars(trainer)
-        finally:
-            datamodule.teardown("fit")  # its threads (a remote root's read-ahead), also when the run failed
+        status, stopped = _run_fit(trainer, module, datamodule, ckpt_path, weights_only)
     # Collective (every rank gathers), so before anything only rank 0 does.
     ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
     if ddp is not None:
@@ -83,13 +72,34 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "ddp": ddp,
         "ranks": rank_check,
         "health": module.health.summary() if hasattr(module, "health") else None,
-        **({"remote": datamodule.remote_summary()} if getattr(datamodule, "remote_summary", None) and
-           datamodule.remote_summary() is not None else {}),
+        **remote_record(datamodule),
         **getattr(module, "lr_record", {}),  # global_batch, effective_lr
     }
     if stopped is not None:
         raise with_summary(stopped, summary)
     return summary
+
+
+def _run_fit(trainer: L.Trainer, module, datamodule, ckpt_path: str | None,
+             weights_only: bool) -> tuple[str, RunStopped | None]:
+    """``trainer.fit``, and how it ended: (status, the RunStopped that stopped it or None)."""
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only if ckpt_path else None)
+    except SIGTERMException:
+        close_progress_bars(trainer)
+        return "preempted", None
+    except RunStopped as e:  # a full disk, a health stop: the summary still reaches stdout, then one error line
+        close_progress_bars(trainer)
+        return e.status, e
+    finally:
+        datamodule.teardown("fit")  # its threads (a remote root's read-ahead), also when the run failed
+    return "completed", None
+
+
+def remote_record(datamodule) -> dict:
+    """``{"remote": ...}``: what a remote root's store served (none for a local root)."""
+    remote = datamodule.remote_summary() if hasattr(datamodule, "remote_summary") else None
+    return {"remote": remote} if remote is not None else {}
 
 
 def with_summary(stopped: RunStopped, summary: dict) -> RunStopped:
