@@ -44,6 +44,7 @@ class Prefetcher:
         self.budget, self.concurrency = int(budget), max(1, int(concurrency))
         self.sizes = np.array([cache.objects.get(p, {}).get("size", 0) for p in self.paths], dtype=np.int64)
         self.held: dict[int, int] = {}  # dataset index -> bytes of a copy in the folder (or being fetched)
+        self.held_mask = np.zeros(len(self.paths), dtype=bool)  # the same, for numpy: a pass costs a few ms at most
         self.inflight: set[int] = set()
         self.epochs: list[tuple[int, np.ndarray, np.ndarray]] = []  # (epoch, reads, offsets per sample)
         self.consumed = 0  # samples of the first listed epoch the model has consumed
@@ -86,14 +87,15 @@ class Prefetcher:
         rest = [reads[offsets[min(self.consumed, len(offsets) - 1)]:]] + [r for _, r, _ in self.epochs[1:]]
         return np.concatenate(rest)
 
-    def _window(self, future: np.ndarray) -> tuple[np.ndarray, dict[int, int]]:
-        """(the window's objects in order of first use, next use of every future object)."""
+    def _window(self, future: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the window's objects in order of first use; every future object in that order, and
+        the position of its first use). Numpy only: it runs after every batch."""
         objects, first = np.unique(future, return_index=True)
         order = np.argsort(first, kind="stable")
         objects, first = objects[order], first[order]
         fits = np.cumsum(self.sizes[objects]) <= self.budget
         count = int(np.argmin(fits)) if not fits.all() else len(objects)
-        return objects[:count], dict(zip(objects.tolist(), first.tolist()))
+        return objects[:count], objects, first
 
     def _run(self) -> None:
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="cocodet-get") as pool:
@@ -101,20 +103,17 @@ class Prefetcher:
                 with self._changed:
                     if self._stop:
                         return
-                    window, next_use = self._window(self._future())
-                    wanted = set(window.tolist())
-                    for k in window.tolist():
+                    window, objects, first = self._window(self._future())
+                    for k in window[~self.held_mask[window]].tolist():  # usually none once the window is held
                         if len(self.inflight) >= self.concurrency:
                             break
-                        if k in self.held:
-                            continue
                         if self.cache.held(self.paths[k]):  # a worker's miss, published (and counted) by it
-                            self.held[k] = int(self.sizes[k])
+                            self._hold(k)
                             continue
-                        if not self._make_room(int(self.sizes[k]), wanted, next_use):
+                        if not self._make_room(int(self.sizes[k]), window, objects, first):
                             break
                         self.inflight.add(k)
-                        self.held[k] = int(self.sizes[k])
+                        self._hold(k)
                         try:
                             pool.submit(self._fetch, k)
                         except RuntimeError:  # the interpreter is shutting down under a daemon thread
@@ -122,9 +121,21 @@ class Prefetcher:
                     self.peak_bytes = max(self.peak_bytes, self.cache.held_bytes())
                     self._changed.wait(timeout=0.5)
 
-    def _make_room(self, size: int, wanted: set[int], next_use: dict[int, int]) -> bool:
+    def _hold(self, k: int) -> None:
+        self.held[k] = int(self.sizes[k])
+        self.held_mask[k] = True
+
+    def _release(self, k: int) -> None:
+        self.held.pop(k, None)
+        self.held_mask[k] = False
+
+    def _make_room(self, size: int, window: np.ndarray, objects: np.ndarray, first: np.ndarray) -> bool:
         """Reserve ``size`` bytes, evicting copies outside the window, needed again latest
         first (the workers' own copies found in the folder included); False if they do not fit."""
+        if self.cache.reserve(size):
+            return True
+        wanted = set(window.tolist())
+        next_use = dict(zip(objects.tolist(), first.tolist()))
         for attempt in range(2):
             victims = sorted((k for k in self.held if k not in wanted and k not in self.inflight),
                              key=lambda k: -next_use.get(k, 1 << 62))
@@ -133,7 +144,7 @@ class Prefetcher:
                     break
                 k = victims.pop(0)
                 self.cache.evict(self.paths[k])
-                self.held.pop(k)
+                self._release(k)
             else:
                 return True
             if attempt == 0:
@@ -147,7 +158,7 @@ class Prefetcher:
         except BaseException as e:  # noqa: BLE001 - the workers meet the same failure and end the run with it
             log.warning("read-ahead: %s not fetched (%s); workers will read it directly", url, e)
             with self._changed:
-                self.held.pop(k, None)
+                self._release(k)
                 self.cache.release(int(self.sizes[k]))
                 self.failed = e
         finally:
@@ -162,15 +173,14 @@ class Prefetcher:
         for entry in self.cache.folder.iterdir():
             k = self._index_of.get(entry.name)
             if k is not None and k not in self.held:
-                self.held[k] = int(self.sizes[k])
+                self._hold(k)
 
     def _adopt_existing(self) -> None:
         """Count the copies an earlier run left against the budget (evicting down to it, needed
         latest first), so the folder never holds more than the budget."""
         self._adopt_folder()
         self.cache.release(-sum(self.held.values()))  # counted now: they are on disk
-        window, next_use = self._window(self._future())
-        self._make_room(0, set(window.tolist()), next_use)
+        self._make_room(0, *self._window(self._future()))
 
     def summary(self) -> dict:
         return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_bytes, "concurrency": self.concurrency}

@@ -74,6 +74,9 @@ def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retr
 
         _counts = multiprocessing.Array("d", len(COUNTS))
         _down_since = multiprocessing.Value("d", 0.0)
+    with _counts.get_lock():  # a new run counts from zero (several runs share a process in tests and sweeps)
+        _counts[:] = [0.0] * len(COUNTS)
+    _down_since.value = 0.0
 
 
 def _failing_for(now: float) -> float:
