@@ -103,6 +103,9 @@ def build_detector(name: str, num_classes: int, image_size: int, pretrained: boo
         weights_backbone = None
     elif weights_backbone_path:
         weights_backbone, answer = backbone_state_dict(name, weights_backbone_path)
+    regression_bias = kwargs.pop("regression_bias", None)
+    if regression_bias is not None and not name.startswith("fcos_"):
+        raise ValueError(f"model.detector.regression_bias is FCOS's box-regression prior; {name} has none")
     with answered_from(answer) if answer is not None else nullcontext():
         if weights is not None and name != "fcos_resnet18_fpn":
             # Torchvision refuses num_classes != 91 with detection weights: load at 91, then swap heads.
@@ -111,7 +114,23 @@ def build_detector(name: str, num_classes: int, image_size: int, pretrained: boo
         else:
             model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, num_classes=num_classes,
                                    **kwargs)
+    if regression_bias is not None and weights is None:  # a detection checkpoint brings its own bias
+        set_regression_prior(model, regression_bias)
     return _loader_sized(model) if loader_resizes else model
+
+
+def set_regression_prior(model: tvd.FCOS, bias: float) -> None:
+    """Start FCOS's box regression at ``bias`` anchor sizes a side.
+
+    torchvision decodes ``relu(bbox_reg(x))`` as each side's distance in anchor sizes (the
+    level's stride, 8 px at P3; a target's longest side distance is 4-8 of them at its level) and
+    initialises the conv's bias to 0, so every box starts as a point inside its target. There the GIoU loss reads 1.000 and gives almost no gradient, while the shared
+    regression tower, trained by the centerness loss alone, drifts the raw outputs; once they are
+    all below 0 the ReLU passes nothing and the run can never learn boxes (docs/studies.md, "The
+    collapse": seed 1 went dead at step 23). A bias of 1 starts each box one anchor size a side,
+    the prior original FCOS gets from exp(0), so the loss has a gradient from the first step and a
+    drift of the size measured (0.27 over a whole run) cannot reach the ReLU's edge."""
+    torch.nn.init.constant_(model.head.regression_head.bbox_reg.bias, float(bias))
 
 
 def _loader_sized(model: torch.nn.Module) -> torch.nn.Module:
