@@ -4,6 +4,7 @@ aiobotocore, which s3fs uses."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -55,13 +57,21 @@ def moto_server(auth_after: int | None = None):
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
+        end_process(proc)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def end_process(proc: subprocess.Popen, graceful_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``graceful_s`` (0: SIGKILL at once, a crash); reaped either way."""
+    if graceful_s > 0:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=graceful_s)
+            return
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
+            pass
+    proc.kill()
+    proc.wait()
 
 
 def s3_client(endpoint: str, **keys):
@@ -84,3 +94,27 @@ def upload_folder(endpoint: str, folder: Path, bucket: str, prefix: str = "", **
             client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
             count += 1
     return count
+
+
+@contextmanager
+def filled_store(folder: Path, bucket: str):
+    """Yield (endpoint, objects uploaded) of a moto_server holding ``folder`` in ``bucket``, with
+    dummy keys in the environment (moto accepts any key) and request recording on; the
+    environment is restored after."""
+    saved = {k: os.environ.get(k) for k in (*DUMMY_KEYS, "MOTO_ENABLE_RECORDING")}
+    os.environ.update(DUMMY_KEYS, MOTO_ENABLE_RECORDING="True")
+    try:
+        with moto_server() as endpoint:
+            yield endpoint, upload_folder(endpoint, folder, bucket)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def recorded(endpoint: str, reset: bool = False) -> list[dict]:
+    """The requests moto_server recorded (and with ``reset``, forget them first)."""
+    if reset:
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/recorder/reset-recording", method="POST"))
+        return []
+    text = urllib.request.urlopen(f"{endpoint}/moto-api/recorder/download-recording").read().decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

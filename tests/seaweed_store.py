@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from moto_store import free_port
+from moto_store import end_process, free_port
 
 SERVICES = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
             "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "s3.port.iceberg",
@@ -68,8 +68,7 @@ class SeaweedStore:
     def kill(self) -> None:
         """SIGKILL, and wait until its ports are free again (a restart binds the same ones)."""
         if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
+            end_process(self.proc, graceful_s=0)
             self.proc = None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(self._bound(p) for p in self.ports.values()):
@@ -87,12 +86,7 @@ class SeaweedStore:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            end_process(self.proc, graceful_s=15)
             self.proc = None
 
     def gets(self, bucket: str) -> list[tuple[str, str]]:

@@ -9,9 +9,8 @@ import textwrap
 
 import pytest
 
-from conftest import REPO
+from src_scan import ScopedFinder, calls_in, calls_in_src
 
-SRC = REPO / "src"
 # function (module.qualname) -> why it may decode
 ALLOWED = {
     "cocodet.data.decode._imdecode": "the one decode; reached only through decode_checked",
@@ -30,14 +29,13 @@ def is_decoder(name: str) -> bool:
     return name in DECODERS or (parts[:2] == ["torchvision", "io"] and parts[-1].startswith("decode_"))
 
 
-class DecodeFinder(ast.NodeVisitor):
-    """Calls of a decoder, by the enclosing function's qualified name. Imports are followed
-    wherever they are (module or function level), aliases included."""
+class DecodeFinder(ScopedFinder):
+    """Calls of a decoder. Imports are followed wherever they are (module or function level),
+    aliases included."""
 
     def __init__(self):
+        super().__init__()
         self.names: dict[str, str] = {}  # local name -> dotted origin
-        self.stack: list[str] = []
-        self.found: list[tuple[str, str, int]] = []
 
     def visit_Import(self, node):
         for a in node.names:
@@ -50,13 +48,6 @@ class DecodeFinder(ast.NodeVisitor):
         for a in node.names:
             self.names[a.asname or a.name] = f"{node.module}.{a.name}"
 
-    def _scoped(self, node):
-        self.stack.append(node.name)
-        self.generic_visit(node)
-        self.stack.pop()
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
-
     def dotted(self, node) -> str | None:
         if isinstance(node, ast.Name):
             return self.names.get(node.id, node.id)
@@ -65,27 +56,17 @@ class DecodeFinder(ast.NodeVisitor):
             return f"{base}.{node.attr}" if base else None
         return None
 
-    def visit_Call(self, node):
+    def match(self, node):
         name = self.dotted(node.func)
-        if name and is_decoder(name):
-            self.found.append((".".join(self.stack) or "<module>", name, node.lineno))
-        self.generic_visit(node)
+        return name if name and is_decoder(name) else None
 
 
 def decodes_in(source: str) -> list[tuple[str, str, int]]:
-    finder = DecodeFinder()
-    finder.visit(ast.parse(source))
-    return finder.found
+    return calls_in(DecodeFinder, source)
 
 
 def all_decodes() -> dict[str, list[tuple[str, int]]]:
-    """'module.qualname' -> [(decoder, line)] over every file in src/."""
-    out: dict[str, list[tuple[str, int]]] = {}
-    for path in sorted(SRC.rglob("*.py")):
-        module = ".".join(path.relative_to(SRC).with_suffix("").parts)
-        for where, name, line in decodes_in(path.read_text()):
-            out.setdefault(f"{module}.{where}", []).append((name, line))
-    return out
+    return calls_in_src(DecodeFinder)
 
 
 def test_every_decode_in_src_is_in_an_allowed_function():

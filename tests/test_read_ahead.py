@@ -4,17 +4,14 @@ server (moto_server's request recorder)."""
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import run_in_process
-from moto_store import DUMMY_KEYS, moto_server, upload_folder
+from moto_store import DUMMY_KEYS, filled_store, recorded
 
 pytest.importorskip("s3fs")
 BUCKET = "coco-ahead"
@@ -22,23 +19,8 @@ BUCKET = "coco-ahead"
 
 @pytest.fixture(scope="module")
 def store(coco_tiny):
-    saved = {k: os.environ.get(k) for k in (*DUMMY_KEYS, "MOTO_ENABLE_RECORDING")}
-    os.environ.update(DUMMY_KEYS, MOTO_ENABLE_RECORDING="True")
-    try:
-        with moto_server() as endpoint:
-            upload_folder(endpoint, coco_tiny, BUCKET)
-            yield endpoint
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-
-
-def recorded(endpoint: str, reset: bool = False) -> list[dict]:
-    if reset:
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/recorder/reset-recording", method="POST"))
-        return []
-    text = urllib.request.urlopen(f"{endpoint}/moto-api/recorder/download-recording").read().decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    with filled_store(coco_tiny, BUCKET) as (endpoint, _):
+        yield endpoint
 
 
 def image_gets(requests: list[dict]) -> dict[str, int]:

@@ -5,18 +5,16 @@ store that fails named in one line."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import NARROW_MODEL, REPO, run_in_process, run_train
-from moto_store import DUMMY_KEYS, moto_server, s3_client, upload_folder
+from moto_store import DUMMY_KEYS, filled_store, moto_server, recorded, s3_client, upload_folder
 
 pytest.importorskip("s3fs")
 BUCKET = "coco-tiny"
@@ -25,22 +23,10 @@ ENV = {"PYTHONPATH": str(REPO / "tests")}
 
 @pytest.fixture(scope="module")
 def store(coco_tiny):
-    """The endpoint of a moto_server holding coco_tiny in ``coco-tiny``, with dummy keys in the
-    environment (moto accepts any key), and request recording on."""
-    saved = {k: os.environ.get(k) for k in DUMMY_KEYS}
-    os.environ.update(DUMMY_KEYS)
-    os.environ["MOTO_ENABLE_RECORDING"] = "True"
-    try:
-        with moto_server() as endpoint:
-            assert upload_folder(endpoint, coco_tiny, BUCKET) == 162
-            yield endpoint
-    finally:
-        os.environ.pop("MOTO_ENABLE_RECORDING", None)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """The endpoint of a moto_server holding coco_tiny in ``coco-tiny``."""
+    with filled_store(coco_tiny, BUCKET) as (endpoint, objects):
+        assert objects == 162
+        yield endpoint
 
 
 def remote(endpoint: str, bucket: str = BUCKET) -> list[str]:
@@ -50,15 +36,6 @@ def remote(endpoint: str, bucket: str = BUCKET) -> list[str]:
 def bench_args(root_args: list[str], *extra: str) -> list[str]:
     return ["mode=bench", *root_args, "dataset.image_size=192", "loader=explicit", "loader.batch_size=4",
             "bench.batches=20", "bench.warmup=0", "bench.digest_batches=20", "bench.decode_probe=0", *extra]
-
-
-def requests_since(endpoint: str, reset: bool = False) -> list[dict]:
-    """The requests moto_server recorded (and with ``reset``, forget them first)."""
-    if reset:
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/recorder/reset-recording", method="POST"))
-        return []
-    text = urllib.request.urlopen(f"{endpoint}/moto-api/recorder/download-recording").read().decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def test_the_stream_equals_the_local_roots_at_every_worker_count_and_with_parts(store, coco_tiny, tmp_path):
@@ -79,13 +56,13 @@ def test_the_pixel_cache_of_a_bucket_is_keyed_by_one_listing(store, coco_tiny, t
     object, no image read)."""
     args = bench_args(remote(store), "loader.num_workers=2", "dataset.cache=disk",
                       f"dataset.cache_dir={tmp_path / 'cache'}")
-    requests_since(store, reset=True)
+    recorded(store, reset=True)
     first = run_in_process(args, tmp_path / "first")
-    images = [r for r in requests_since(store) if "2017/0" in r["url"]]
+    images = [r for r in recorded(store) if "2017/0" in r["url"]]
     assert sum(r["method"] == "GET" and "/train2017/" in r["url"] for r in images) == 80
-    requests_since(store, reset=True)
+    recorded(store, reset=True)
     second = run_in_process(args, tmp_path / "second")
-    again = requests_since(store)
+    again = recorded(store)
     assert [r for r in again if "2017/0" in r["url"]] == [], "the second start read or HEADed images"
     assert all(r["method"] in ("GET", "HEAD") for r in again)
     local = run_in_process(bench_args(["dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"),
@@ -122,14 +99,14 @@ def test_the_annotation_is_fetched_once_and_the_index_not_parsed_again(store, tm
     caplog.set_level("INFO")
     cache = tmp_path / "cache"
     args = ["mode=plan", *remote(store), f"dataset.cache_dir={cache}"]
-    requests_since(store, reset=True)
+    recorded(store, reset=True)
     run_in_process(args, tmp_path / "first")
-    first = [r for r in requests_since(store) if r["method"] == "GET" and "annotations/instances" in r["url"]]
+    first = [r for r in recorded(store) if r["method"] == "GET" and "annotations/instances" in r["url"]]
     assert len(first) == 2  # train and val, one GET each
     caplog.clear()
-    requests_since(store, reset=True)
+    recorded(store, reset=True)
     run_in_process(args, tmp_path / "second")
-    again = [r for r in requests_since(store) if r["method"] == "GET" and "annotations/instances" in r["url"]]
+    again = [r for r in recorded(store) if r["method"] == "GET" and "annotations/instances" in r["url"]]
     assert again == [], again  # a HEAD each (the ETag), no GET
     assert caplog.text.count("read the cached index") == 2 and "built the index" not in caplog.text
 

@@ -10,9 +10,8 @@ import textwrap
 
 import pytest
 
-from conftest import REPO
+from src_scan import ScopedFinder, calls_in, calls_in_src
 
-SRC = REPO / "src"
 ALLOWED = {
     "cocodet.data.storage.read_bytes": "the one reader: a local file, or the object at a URL",
     "cocodet.data.cache_files._sha256": "checksums of cocodet's own cache files",
@@ -33,47 +32,26 @@ def _binary_mode(call: ast.Call, position: int = 1) -> bool:
         and not any(c in mode.value for c in "wax+")
 
 
-class ReadFinder(ast.NodeVisitor):
-    """Binary reads, by the enclosing function's qualified name."""
+class ReadFinder(ScopedFinder):
+    """Binary reads."""
 
-    def __init__(self):
-        self.stack: list[str] = []
-        self.found: list[tuple[str, str, int]] = []
-
-    def _scoped(self, node):
-        self.stack.append(node.name)
-        self.generic_visit(node)
-        self.stack.pop()
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
-
-    def visit_Call(self, node):
+    def match(self, node):
         func = node.func
-        kind = None
         if isinstance(func, ast.Name) and func.id == "open" and _binary_mode(node):
-            kind = "open(rb)"
-        elif isinstance(func, ast.Attribute) and func.attr == "open" and _binary_mode(node, 0):
-            kind = "x.open(rb)"
-        elif isinstance(func, ast.Attribute) and func.attr in ("read_bytes", "fromfile", "imread"):
-            kind = func.attr
-        if kind:
-            self.found.append((".".join(self.stack) or "<module>", kind, node.lineno))
-        self.generic_visit(node)
+            return "open(rb)"
+        if isinstance(func, ast.Attribute) and func.attr == "open" and _binary_mode(node, 0):
+            return "x.open(rb)"
+        if isinstance(func, ast.Attribute) and func.attr in ("read_bytes", "fromfile", "imread"):
+            return func.attr
+        return None
 
 
 def reads_in(source: str) -> list[tuple[str, str, int]]:
-    finder = ReadFinder()
-    finder.visit(ast.parse(source))
-    return finder.found
+    return calls_in(ReadFinder, source)
 
 
 def all_reads() -> dict[str, list[tuple[str, int]]]:
-    out: dict[str, list[tuple[str, int]]] = {}
-    for path in sorted(SRC.rglob("*.py")):
-        module = ".".join(path.relative_to(SRC).with_suffix("").parts)
-        for where, kind, line in reads_in(path.read_text()):
-            out.setdefault(f"{module}.{where}", []).append((kind, line))
-    return out
+    return calls_in_src(ReadFinder)
 
 
 def test_every_binary_read_in_src_is_in_an_allowed_function():

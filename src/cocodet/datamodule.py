@@ -74,7 +74,9 @@ class CocoDataModule(L.LightningDataModule):
         group_aspect_ratio: train batches from one of 2k + 2 aspect-ratio bins
             (``data/grouped_sampler.py``); None: batches in shuffled order.
         storage_options: fsspec's options for a URL ``root`` (``endpoint_url``); never credentials.
-        remote: ``{timeout_s}``: the longest wait for one request to the store.
+        remote: a URL root's store settings (``conf/dataset/coco.yaml``): ``timeout_s`` (one
+            request), ``retries`` and ``give_up_s`` (a failing store), ``cache_dir``,
+            ``cache_bytes`` and ``concurrency`` (the read-ahead, ``data/prefetch.py``).
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,

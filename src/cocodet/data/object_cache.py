@@ -39,6 +39,7 @@ class ObjectCache:
         self.folder = Path(os.path.expanduser(str(folder)))
         self.folder.mkdir(parents=True, exist_ok=True)
         self.objects, self.budget = objects, int(budget)
+        self._paths: dict[str, Path] = {}
         self._held = multiprocessing.Value("q", 0)  # bytes of the copies in the folder (and reserved for)
         for stale in self.folder.glob("*.part"):  # claims of a run that died: no process of this rank is running
             self._unlink(stale)
@@ -59,8 +60,11 @@ class ObjectCache:
         return int(self._held.value)
 
     def path(self, url: str) -> Path:
-        etag = re.sub(r"[^A-Za-z0-9]", "", self.objects[url]["etag"])[:40]
-        return self.folder / f"{hashlib.sha256(url.encode()).hexdigest()[:24]}-{etag or 'noetag'}"
+        found = self._paths.get(url)
+        if found is None:  # named once per object and process: a worker asks for it on every read
+            etag = re.sub(r"[^A-Za-z0-9]", "", self.objects[url]["etag"])[:40]
+            found = self._paths[url] = self.folder / f"{hashlib.sha256(url.encode()).hexdigest()[:24]}-{etag or 'noetag'}"
+        return found
 
     def read(self, url: str) -> bytes | None:
         """The object's bytes from its copy (a hit), from a copy another process is writing

@@ -51,6 +51,7 @@ class Prefetcher:
         self.peak_bytes = 0
         self.failed: BaseException | None = None
         self._changed = threading.Condition()
+        self._to_plan: list[int] = []  # epochs to expand with plan_epoch, by the thread
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -67,11 +68,15 @@ class Prefetcher:
         """The model consumed ``samples`` more samples (a batch)."""
         with self._changed:
             self.consumed += int(samples)
-            while len(self.epochs) > 1 and self.consumed >= len(self.epochs[0][2]) - 1:
-                self.consumed -= len(self.epochs[0][2]) - 1
-                done = self.epochs.pop(0)[0]
-                self.epochs.append((done + 2, *self.plan_epoch(done + 2)))
+            self._roll()
             self._changed.notify_all()
+
+    def _roll(self) -> None:
+        """Drop the epochs the model has finished; the epoch after the next is planned by the
+        read-ahead thread, not here on the training thread (a pass over an epoch's keys)."""
+        while len(self.epochs) > 1 and self.consumed >= len(self.epochs[0][2]) - 1:
+            self.consumed -= len(self.epochs[0][2]) - 1
+            self._to_plan.append(self.epochs.pop(0)[0] + 2)
 
     def stop(self) -> None:
         with self._changed:
@@ -100,6 +105,14 @@ class Prefetcher:
     def _run(self) -> None:
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="cocodet-get") as pool:
             while True:
+                with self._changed:
+                    pending = list(self._to_plan)
+                for epoch in pending:  # outside the lock: the training thread never waits on a plan
+                    planned = (epoch, *self.plan_epoch(epoch))
+                    with self._changed:
+                        self.epochs.append(planned)
+                        self._to_plan.remove(epoch)
+                        self._roll()
                 with self._changed:
                     if self._stop:
                         return
