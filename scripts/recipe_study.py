@@ -8,7 +8,8 @@ Each run is ``python train.py seed=S hydra.run.dir=OUT/ARM/seed-S`` plus the arm
 resumes. The arms:
 
 - ``before``: the recipe before the fix (torchvision's regression bias 0), pools of 8;
-- ``default``: today's default (bias 1, pools of 8) with ``model.ema.decay`` on. EMA never feeds
+- ``default``: the fixed recipe (bias 1) with pools of 8 (the default partners until this
+  study) and ``model.ema.decay`` on. EMA never feeds
   back into training (Lightning's WeightAveraging trains the raw weights and keeps the average
   beside them), so the run's own validation scores the average, and its ``last.ckpt`` also
   carries the raw weights (``current_model_state``), which ``mode=eval`` scores. One run per
@@ -98,7 +99,7 @@ def rule(stat: str, base: list[dict], other: list[dict], what: str) -> str:
 def report(results: dict[str, list[dict]]) -> str:
     head = ["| arm | seeds | healthy | mAP mean ± std | mAP@0.75 mean ± std | mAP@0.5 mean ± std "
             "| mAP per seed | mAP@0.5 per seed |", "|---|---|---|---|---|---|---|---|"]
-    names = {"before": "bias 0 (before), pools of 8", "default": "bias 1 (default), pools of 8, raw weights",
+    names = {"before": "bias 0 (before), pools of 8", "default": "bias 1, pools of 8, raw weights",
              "default-ema": "bias 1, pools of 8, EMA weights (same runs)", "whole": "bias 1, whole-dataset partners"}
     lines = head + [side(names[arm], rows) for arm, rows in results.items() if rows]
     lines.append("")

@@ -98,11 +98,12 @@ def test_a_budget_of_a_quarter_of_the_split_is_never_exceeded(store, coco_tiny, 
     watcher.start()
     recorded(store, reset=True)
     try:
-        # Batches of 2: the workers' 5 batches in flight (10 samples, their pools' partners among
-        # them) fit in the quarter's 20 images, so the read-ahead window covers what workers read.
+        # Batches of 2 from pools of 8: the workers' 5 batches in flight (10 samples, their pools'
+        # partners among them) fit in the quarter's 20 images, so the read-ahead window covers what
+        # workers read. (Whole-dataset partners would need up to 40 images for the same window.)
         s = run_in_process(bench(store, tmp_path / "cache", f"dataset.remote.cache_bytes={budget}",
                                  "loader.batch_size=2", "bench.batches=80", "bench.digest_batches=80",
-                                 "bench.epochs=2"), tmp_path / "run")
+                                 "bench.epochs=2", "augment.partner_pool=8"), tmp_path / "run")
     finally:
         stop.set()
         watcher.join()

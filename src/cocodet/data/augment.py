@@ -128,7 +128,7 @@ class Mosaic(Recipe):
     def __init__(self, image_size: int, scale: tuple[float, float] = (0.5, 1.5), translate: float = 0.1,
                  hsv: tuple[int, int, int] = (10, 40, 30), flip_p: float = 0.5, mosaic_p: float = 1.0,
                  center_range: tuple[float, float] = (0.3, 0.7), min_box_px: float = 2.0,
-                 min_visibility: float = 0.1, partner_pool: int | None = 8):
+                 min_visibility: float = 0.1, partner_pool: int | None = None):
         super().__init__(image_size)
         self.scale, self.translate, self.hsv = tuple(scale), float(translate), tuple(hsv)
         self.flip_p, self.mosaic_p, self.center_range = flip_p, mosaic_p, tuple(center_range)
