@@ -1,7 +1,7 @@
 """The read-ahead against local disk, side by side in one run (issue 43; docs/benchmarks.md,
 "Data in a bucket"): coco_tiny's train images under 2,000 distinct keys in a SeaweedFS bucket,
 behind a proxy that adds 20 ms to every request (a real bucket's first byte), and the same
-2,000 files on local disk; ``mode=bench``, 2 workers, mosaic at 640 px, two whole epochs each.
+2,000 files on local disk; ``mode=bench``, 2 workers, mosaic at 640 px (pools of 8, as measured), two whole epochs each.
 
     python scripts/remote_read_ahead.py --out /tmp/read_ahead          # about 6 minutes on 2 CPUs
 
@@ -110,7 +110,7 @@ def start_proxy(upstream: str, delay_s: float) -> tuple[str, threading.Thread]:
 
 def bench(root: str, run_dir: Path, cache: Path, extra: list[str]) -> dict:
     cmd = [sys.executable, str(REPO / "train.py"), "mode=bench", "dataset=coco", f"dataset.root={root}",
-           "dataset.image_size=640", "augment=mosaic", "loader=explicit", "loader.num_workers=2",
+           "dataset.image_size=640", "augment=mosaic", "augment.partner_pool=8", "loader=explicit", "loader.num_workers=2",
            "loader.batch_size=8", "bench.batches=null", "bench.epochs=2", "bench.warmup=0", "bench.decode_probe=0",
            f"dataset.cache_dir={cache}", f"hydra.run.dir={run_dir}", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **DUMMY_KEYS}, cwd=REPO)
