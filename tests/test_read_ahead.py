@@ -148,7 +148,10 @@ def test_under_ddp_each_rank_fetches_its_own_indices_with_the_local_digests(stor
 
     common = ["dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=1",
               "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "trainer=ddp_cpu", "loader=explicit",
-              "loader.num_workers=1", f"dataset.cache_dir={tmp_path / 'cache'}"]
+              "loader.num_workers=1", f"dataset.cache_dir={tmp_path / 'cache'}",
+              # pools: a rank's partners then come from its own share (whole-dataset partners
+              # would read from every rank's, each object still once per rank)
+              "augment.partner_pool=8"]
     recorded(store, reset=True)
     _, remote = run_train(["dataset=coco", f"dataset.root=s3://{BUCKET}", f"dataset.storage_options.endpoint_url={store}",
                            *common], tmp_path / "remote", env=DUMMY_KEYS, timeout=900)
