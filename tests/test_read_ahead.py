@@ -126,7 +126,8 @@ def test_a_budget_of_a_quarter_of_the_split_is_never_exceeded(store, coco_tiny, 
     extra = sum(max(0, n - (3 if key in head else 2)) for key, n in gets.items())
     assert extra <= s["remote"]["misses"] and sum(gets.values()) <= 160 + len(third) + s["remote"]["misses"]
     local = run_in_process(bench(store, tmp_path / "c2", "loader.batch_size=2", "bench.batches=80",
-                                 "bench.digest_batches=80", "bench.epochs=2", f"dataset.root={coco_tiny}"),
+                                 "bench.digest_batches=80", "bench.epochs=2", "augment.partner_pool=8",
+                                 f"dataset.root={coco_tiny}"),
                            tmp_path / "local")
     assert s["batch_digest"] == local["batch_digest"]
 
