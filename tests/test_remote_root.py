@@ -5,6 +5,7 @@ store that fails named in one line."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import NARROW_MODEL, REPO, run_in_process, run_train
+from conftest import NARROW_MODEL, REPO, is_root, run_in_process, run_train
 from moto_store import DUMMY_KEYS, filled_store, moto_server, recorded, s3_client, upload_folder
 
 pytest.importorskip("s3fs")
@@ -93,6 +94,28 @@ def test_plan_names_the_root_and_what_an_epoch_reads_per_rank(store, coco_tiny, 
     verify = json.loads((tmp_path / "plan" / "verify.json").read_text())  # dataset.verify decoded every object
     assert verify == {"train": [], "val": []}
     assert "train: 80 images, 0 problems" in caplog.text and "val: 80 images, 0 problems" in caplog.text
+
+
+@pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare")
+def test_the_read_ahead_budget_fits_a_small_disk_and_a_number_that_cannot_is_refused(store, tmp_path):
+    """The copies' folder is a 64 MiB tmpfs (a small node disk, in a private mount namespace):
+    the default budget (auto) takes half of it, so plan succeeds; 4 GiB asked for explicitly is
+    refused in one line with the folder and its free space."""
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    small_disk = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                  f'mount -t tmpfs -o size=64m tmpfs {copies} && exec "$@"', "sh"]
+    args = ["mode=plan", *remote(store), f"dataset.remote.cache_dir={copies}"]
+    proc, s = run_train(args, tmp_path / "auto", prefix=small_disk)
+    budget = s["remote"]["read_ahead"]
+    assert "(auto: half of the 0.1 GiB free there, at most 4 GiB)" in proc.stdout + proc.stderr
+    assert 30 * 2**20 <= budget["cache_bytes"] <= 32 * 2**20 and budget["free_bytes"] > 60 * 2**20, budget
+    assert budget["holds_the_split"]  # coco_tiny's 80 train images: 11.7 MiB
+    proc, _ = run_train([*args, "dataset.remote.cache_bytes=4294967296"], tmp_path / "asked", prefix=small_disk,
+                        check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"dataset.remote.cache_bytes=4294967296 (4.0 GiB) does not fit in {copies}: 0.1 GiB free there" in last
 
 
 def test_the_annotation_is_fetched_once_and_the_index_not_parsed_again(store, tmp_path, caplog):

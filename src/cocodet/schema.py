@@ -92,7 +92,9 @@ RULES = (
     Rule("dataset.remote.timeout_s", _number(0.1), "seconds > 0 (the longest wait for one request to the store)"),
     Rule("dataset.remote.retries", _int(0), "an integer >= 0 (retries of a failed request, at least)"),
     Rule("dataset.remote.give_up_s", _number(0.0), "seconds >= 0 (how long a failing request is retried, at least)"),
-    Rule("dataset.remote.cache_bytes", _int(0), "bytes >= 0 (the read-ahead's budget; 0: no read-ahead)"),
+    Rule("dataset.remote.cache_bytes", lambda v: v == "auto" or _int(0)(v),
+         "auto (half the free disk where the copies go, at most 4 GiB) or bytes >= 0 (the read-ahead's budget; "
+         "0: no read-ahead)"),
     Rule("dataset.remote.concurrency", _int(1), "an integer >= 1 (GETs in flight)"),
     Rule("dataset.image_size", _int(32), "an integer >= 32 (pixels of the letterboxed side)"),
     _choice("dataset.on_bad_sample", ON_BAD_SAMPLE),

@@ -207,9 +207,15 @@ def epoch_reads(sampler, dataset, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(reads).astype(np.int64) if reads else np.zeros(0, np.int64)), offsets
 
 
-def read_ahead_budget(folder, cache_bytes: int, local_ranks: int, objects: dict[str, dict], concurrency: int) -> dict:
+AUTO_CACHE_BYTES = 4 * 2**30  # cache_bytes=auto's ceiling (the fixed default before auto): ~25k COCO images' window
+
+
+def read_ahead_budget(folder, cache_bytes: int | str, local_ranks: int, objects: dict[str, dict],
+                      concurrency: int) -> dict:
     """This rank's share of ``dataset.remote.cache_bytes`` and what the read-ahead holds in
-    memory, refused with the numbers when the folder's disk cannot hold the budget."""
+    memory. ``auto`` is half of what the folder's disk can give (free space plus the copies
+    already there), at most :data:`AUTO_CACHE_BYTES`, so a small disk gets a small window, not
+    a refusal; a number the disk cannot hold is refused with the numbers."""
     import os
     import shutil
     from pathlib import Path
@@ -219,16 +225,27 @@ def read_ahead_budget(folder, cache_bytes: int, local_ranks: int, objects: dict[
 
     folder = Path(os.path.expanduser(str(folder)))
     ensure_folder(folder)
-    free = shutil.disk_usage(folder).free + sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-    if cache_bytes > free:
-        raise UserError(f"dataset.remote.cache_bytes={cache_bytes} ({cache_bytes / 2**30:.1f} GiB) does not fit in "
-                        f"{folder}: {free / 2**30:.1f} GiB free there; lower it, or point dataset.remote.cache_dir at "
-                        "a larger local disk")
+    # the copies of an earlier run (local-rank-N/) are replaced, not added to: they count as free
+    free = shutil.disk_usage(folder).free + sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    auto = cache_bytes == "auto"
+    if auto:
+        cache_bytes = min(AUTO_CACHE_BYTES, free // 2)
+    elif int(cache_bytes) > free:
+        raise UserError(f"dataset.remote.cache_bytes={cache_bytes} ({int(cache_bytes) / 2**30:.1f} GiB) does not fit "
+                        f"in {folder}: {free / 2**30:.1f} GiB free there; lower it (or use auto: half the free "
+                        "space), or point dataset.remote.cache_dir at a larger local disk")
+    cache_bytes = int(cache_bytes)
     largest = max((o["size"] for o in objects.values()), default=0)
     total = sum(o["size"] for o in objects.values())
-    return {"cache_dir": str(folder), "cache_bytes": int(cache_bytes), "rank_budget_bytes": int(cache_bytes // local_ranks),
+    return {"cache_dir": str(folder), "cache_bytes": cache_bytes, "auto": auto, "free_bytes": int(free),
+            "rank_budget_bytes": int(cache_bytes // local_ranks),
             "split_bytes": int(total), "holds_the_split": bool(cache_bytes // local_ranks >= total),
             "memory_bytes": int(concurrency * largest), "concurrency": int(concurrency)}
+
+
+def budget_origin(budget: dict) -> str:
+    """Where an automatic budget came from, for the log line; empty for a number the user set."""
+    return f" (auto: half of the {budget['free_bytes'] / 2**30:.1f} GiB free there, at most 4 GiB)" if budget["auto"] else ""
 
 
 def read_ahead_folder(remote: dict, cache_dir: str | None) -> str | None:
@@ -247,8 +264,8 @@ def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None
     from functools import partial
 
     folder = read_ahead_folder(remote, cache_dir)
-    cache_bytes, concurrency = int(remote.get("cache_bytes") or 0), int(remote.get("concurrency") or 16)
-    if not storage.is_remote(root) or not folder or cache_bytes <= 0 or dataset.pixel_cache is not None:
+    cache_bytes, concurrency = remote.get("cache_bytes", "auto"), int(remote.get("concurrency") or 16)
+    if not storage.is_remote(root) or not folder or not cache_bytes or dataset.pixel_cache is not None:
         return None
     objects = storage.listing(storage.join(root, images))
     budget = read_ahead_budget(folder, cache_bytes, local_ranks, objects, concurrency)
@@ -258,8 +275,8 @@ def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None
     prefetcher = Prefetcher(cache, dataset.index.paths, partial(epoch_reads, sampler, dataset),
                             budget["rank_budget_bytes"], concurrency)
     prefetcher.start(epoch, skip_samples)
-    log.info("read-ahead: %s, %.0f MiB for this rank (%s the %.0f MiB split), %d GETs in flight (about %.0f MiB of "
-             "memory)", folder, budget["rank_budget_bytes"] / 2**20,
+    log.info("read-ahead: %s, %.0f MiB for this rank%s (%s the %.0f MiB split), %d GETs in flight (about %.0f MiB of "
+             "memory)", folder, budget["rank_budget_bytes"] / 2**20, budget_origin(budget),
              "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20, concurrency,
              budget["memory_bytes"] / 2**20)
     return prefetcher

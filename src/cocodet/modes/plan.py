@@ -62,7 +62,7 @@ def remote_reads(cfg: DictConfig, train, loader_plan: LoaderPlan) -> dict:
 
 def read_ahead_plan(cfg: DictConfig, objects: dict, local_ranks: int) -> dict | None:
     """The read-ahead's disk (refused when its folder cannot hold cache_bytes) and memory."""
-    from cocodet.data.prefetch import read_ahead_budget, read_ahead_folder
+    from cocodet.data.prefetch import budget_origin, read_ahead_budget, read_ahead_folder
 
     remote = OmegaConf.to_container(cfg.dataset.remote, resolve=True)
     folder = read_ahead_folder(remote, cfg.dataset.get("cache_dir"))
@@ -70,9 +70,10 @@ def read_ahead_plan(cfg: DictConfig, objects: dict, local_ranks: int) -> dict | 
         log.info("read-ahead: off (%s)", "dataset.cache holds the pixels" if cfg.dataset.cache != "none" else
                  "dataset.remote.cache_bytes=0" if folder else "no folder: dataset.cache_dir and remote.cache_dir null")
         return None
-    budget = read_ahead_budget(folder, int(remote["cache_bytes"]), local_ranks, objects, int(remote["concurrency"]))
-    log.info("read-ahead: %s on disk for each of %d local rank(s) in %s (%s the %.0f MiB split), %d GETs in flight, "
+    budget = read_ahead_budget(folder, remote["cache_bytes"], local_ranks, objects, int(remote["concurrency"]))
+    log.info("read-ahead: %s on disk for each of %d local rank(s) in %s%s (%s the %.0f MiB split), %d GETs in flight, "
              "about %.0f MiB of memory", f"{budget['rank_budget_bytes'] / 2**20:.0f} MiB", local_ranks, folder,
+             budget_origin(budget),
              "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20,
              budget["concurrency"], budget["memory_bytes"] / 2**20)
     return budget
