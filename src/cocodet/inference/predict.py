@@ -153,7 +153,7 @@ def predict(module, datamodule, plan, *, source: str, score_threshold: float, dr
                 boxes = to_original_frame(boxes_in, target["to_original"].cpu().numpy())
                 scores = out["scores"].float().cpu().numpy()[keep]
                 category_ids = module.category_ids[out["labels"].cpu().numpy()[keep] - 1]
-                results.extend(detections_to_coco(image_id, boxes, scores, category_ids, decimals=4))
+                results.extend(detections_to_coco(image_id, boxes, scores, category_ids))
                 if draw:
                     _draw(image, boxes_in, scores, category_ids, names, draw_dir / f"{PurePosixPath(file_of[image_id]).stem}.png")
             bar.update(len(images))
