@@ -20,6 +20,11 @@ from cocodet import schema
 log = logging.getLogger(__name__)
 
 SKIP_LOG_LIMIT = 20  # skipped steps logged and kept in the summary; later ones only counted
+# What the collapse study (docs/studies.md) found: FCOS's box outputs die behind their ReLU when
+# bbox_reg starts at bias 0; EMA made no difference there, so it is not offered as a cure.
+COLLAPSE_ADVICE = ("for FCOS keep model.detector.regression_bias=1.0 (at 0 every box starts as a point and the "
+                   "box outputs can die: docs/studies.md); else try a lower learning rate (model.optimizer.lr) or a "
+                   "longer warm-up (model.scheduler.pct_start)")
 
 
 @dataclass
@@ -71,8 +76,7 @@ class StepHealth:
                 self.warn("flat_loss", name, step,
                           f"loss term {name} has stayed at {term.value:.6f} (within {self.config.flat_tolerance:g}) "
                           f"for {step - term.since_step + 1} steps, from step {term.since_step} to step {step}: the "
-                          "model has likely collapsed (it stops learning from that term); try a lower learning "
-                          "rate (model.optimizer.lr), a longer warm-up (model.scheduler.pct_start) or model.ema.decay")
+                          "model has likely collapsed (it stops learning from that term); " + COLLAPSE_ADVICE)
 
     def record_skip(self, step: int, epoch: int, terms: list[str], losses: dict[str, float], keys: list, lr: float):
         self.consecutive += 1
@@ -104,8 +108,7 @@ class StepHealth:
             self.warn("no_predictions", "predictions", step,
                       f"validation at step {step} (after the warm-up, which ended at step {warmup_end}) found no "
                       f"prediction scoring at least {self.config.score_threshold} with a box of 1 px or more: the "
-                      "model has likely collapsed; try a lower learning rate (model.optimizer.lr), a longer warm-up "
-                      "or model.ema.decay")
+                      "model has likely collapsed; " + COLLAPSE_ADVICE)
 
     def warn(self, kind: str, term: str, step: int, message: str) -> None:
         self.warnings.append({"kind": kind, "term": term, "step": step, "message": message})
