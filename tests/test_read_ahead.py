@@ -76,6 +76,27 @@ def test_each_object_is_fetched_once_per_epoch_and_a_held_split_not_again(store,
     assert s["batch_digest"] == local["batch_digest"]
 
 
+def test_a_read_ahead_that_breaks_is_said_and_the_run_goes_on(store, tmp_path, monkeypatch, caplog):
+    """A plan that raises on the read-ahead thread (epoch 2 is planned there, while epoch 0
+    runs) ends the read-ahead with a warning that says what happened; the bench finishes, the
+    workers reading what the thread would have fetched."""
+    from cocodet.data import prefetch
+
+    real = prefetch.epoch_reads
+
+    def broken(sampler, dataset, epoch):
+        if epoch >= 2:
+            raise RuntimeError(f"no plan for epoch {epoch}")
+        return real(sampler, dataset, epoch)
+
+    monkeypatch.setattr(prefetch, "epoch_reads", broken)
+    caplog.set_level("WARNING")
+    s = run_in_process(bench(store, tmp_path / "cache", "bench.batches=30", "bench.epochs=3"), tmp_path / "run")
+    assert s["batches"] == 30, s
+    stopped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read-ahead stopped")]
+    assert len(stopped) == 1 and "RuntimeError: no plan for epoch 2" in stopped[0], stopped
+
+
 def test_a_budget_of_a_quarter_of_the_split_is_never_exceeded(store, coco_tiny, tmp_path):
     sizes = sorted(p.stat().st_size for p in (coco_tiny / "train2017").iterdir())
     budget = sum(sizes) // 4

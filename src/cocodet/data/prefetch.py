@@ -103,6 +103,14 @@ class Prefetcher:
         return objects[:count], objects, first
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - training goes on without it; said once, not silently
+            self.failed = e
+            log.warning("read-ahead stopped (%s: %s); the workers read each object themselves from here on "
+                        "(counted as misses in summary remote.misses)", type(e).__name__, e, exc_info=True)
+
+    def _loop(self) -> None:
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="cocodet-get") as pool:
             while True:
                 with self._changed:
