@@ -41,7 +41,6 @@ def shifted_boxes(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
 @pytest.mark.slow
 def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch):
     import cocodet.models.detector as detector
-    import cocodet.models.evaluation as evaluation
 
     ann = build_subset(coco_tiny, tmp_path / "subset")
     args = dataset_args(coco_tiny, ann)
@@ -61,10 +60,10 @@ def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch)
     real = detector.detections_to_coco
     order = sorted(c["id"] for c in json.loads(ann.read_text())["categories"])
 
-    def next_category(image_id, boxes, scores, category_ids, decimals=evaluation.RESULT_DECIMALS):
+    def next_category(image_id, boxes, scores, category_ids):
         """Every detection's label moved to the next class (the last to the first)."""
         moved = np.array([order[(order.index(int(c)) + 1) % len(order)] for c in category_ids], dtype=np.int64)
-        return real(image_id, boxes, scores, moved, decimals)
+        return real(image_id, boxes, scores, moved)
 
     monkeypatch.setattr(detector, "detections_to_coco", next_category)
     relabelled = run_in_process(evaluate, tmp_path / "relabelled")

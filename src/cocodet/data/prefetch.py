@@ -236,13 +236,11 @@ def read_ahead_budget(folder, cache_bytes: int | str, local_ranks: int, objects:
     # the copies of an earlier run (local-rank-N/) are replaced, not added to: they count as free
     free = shutil.disk_usage(folder).free + sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     auto = cache_bytes == "auto"
-    if auto:
-        cache_bytes = min(AUTO_CACHE_BYTES, free // 2)
-    elif int(cache_bytes) > free:
-        raise UserError(f"dataset.remote.cache_bytes={cache_bytes} ({int(cache_bytes) / 2**30:.1f} GiB) does not fit "
+    cache_bytes = min(AUTO_CACHE_BYTES, free // 2) if auto else int(cache_bytes)
+    if cache_bytes > free:
+        raise UserError(f"dataset.remote.cache_bytes={cache_bytes} ({cache_bytes / 2**30:.1f} GiB) does not fit "
                         f"in {folder}: {free / 2**30:.1f} GiB free there; lower it (or use auto: half the free "
                         "space), or point dataset.remote.cache_dir at a larger local disk")
-    cache_bytes = int(cache_bytes)
     largest = max((o["size"] for o in objects.values()), default=0)
     total = sum(o["size"] for o in objects.values())
     return {"cache_dir": str(folder), "cache_bytes": cache_bytes, "auto": auto, "free_bytes": int(free),
@@ -253,7 +251,8 @@ def read_ahead_budget(folder, cache_bytes: int | str, local_ranks: int, objects:
 
 def budget_origin(budget: dict) -> str:
     """Where an automatic budget came from, for the log line; empty for a number the user set."""
-    return f" (auto: half of the {budget['free_bytes'] / 2**30:.1f} GiB free there, at most 4 GiB)" if budget["auto"] else ""
+    return (f" (auto: half of the {budget['free_bytes'] / 2**30:.1f} GiB free there, at most "
+            f"{AUTO_CACHE_BYTES / 2**30:.0f} GiB)" if budget["auto"] else "")
 
 
 def read_ahead_folder(remote: dict, cache_dir: str | None) -> str | None:

@@ -71,13 +71,13 @@ def to_original_frame(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
 RESULT_DECIMALS = 4
 
 
-def detections_to_coco(image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray, category_ids: np.ndarray,
-                       decimals: int = RESULT_DECIMALS) -> list[dict]:
-    """One COCO result record per detection (bbox as x, y, w, h, rounded to ``decimals``)."""
+def detections_to_coco(image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray,
+                       category_ids: np.ndarray) -> list[dict]:
+    """One COCO result record per detection (bbox as x, y, w, h, rounded to RESULT_DECIMALS)."""
     xywh = boxes_xyxy.copy()
     xywh[:, 2:] -= xywh[:, :2]
     return [
-        {"image_id": int(image_id), "category_id": int(c), "bbox": [round(float(v), decimals) for v in b],
+        {"image_id": int(image_id), "category_id": int(c), "bbox": [round(float(v), RESULT_DECIMALS) for v in b],
          "score": float(s)}
         for b, s, c in zip(xywh, scores, category_ids)
     ]
