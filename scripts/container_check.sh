@@ -13,7 +13,7 @@
 #   COCODET_HOST_PIP=0   do not hand the host's pip configuration to the build
 #   COCODET_DEBIAN_MIRROR  the mirror debootstrap uses (default: apt's, from scripts/debian_mirror.sh)
 #   COCODET_COCO_TINY    the coco_tiny folder (default ../shared/data/coco_tiny)
-#   COCODET_SCALE_ROOT   a COCO-2017-sized set from scripts/make_scale_coco.py for the cache check
+#   COCODET_SCALE_ROOT   a COCO-2017-sized set from benchmarks/make_scale_coco.py for the cache check
 #                        (118,287 train images: the index build shows); default coco_tiny
 #   ENGINE_OPTS          global engine options (podman default: --runtime runc --cgroup-manager=cgroupfs)
 #   RUN_OPTS             options for every run/build (podman default: --network=host and ulimits)

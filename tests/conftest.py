@@ -13,7 +13,7 @@ import pytest
 # Under pytest-xdist (make test, make test-slow) two test processes share the 2 CPUs: each
 # process, and every train.py it starts, computes on one thread, so that two tests' trainings do
 # not fight over the cores. A step costs 1.4-1.8x on one thread what it costs on two
-# (scripts/step_cost.py), but a test spends much of its time on one core anyway (imports,
+# (benchmarks/step_cost.py), but a test spends much of its time on one core anyway (imports,
 # checkpoint writes, COCOeval, start-up): alone, the slow suite kept 1.37 of the 2 cores busy.
 # Set before torch is imported anywhere in this process.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -47,7 +47,7 @@ def coco_tiny() -> Path:
 
 @pytest.fixture(scope="session")
 def synthetic_root(tmp_path_factory) -> Path:
-    from cocodet.data.synthetic import ensure_synthetic
+    from cocodet.coco.synthetic import ensure_synthetic
 
     return ensure_synthetic(tmp_path_factory.mktemp("synthetic") / "ds", seed=0, n_train=48, n_val=16)
 

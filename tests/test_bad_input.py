@@ -12,10 +12,11 @@ import pytest
 import torch
 from PIL import Image
 
-from cocodet.data.augment import Basic, Mosaic
-from cocodet.data.coco import BadSampleError, DatasetConfigError, build_index
-from cocodet.data.decode import decode_checked
-from cocodet.data.read import load_raw
+from cocodet.transforms.augment import Basic, Mosaic
+from cocodet.coco.index import DatasetConfigError, build_index
+from cocodet.errors import BadSampleError
+from cocodet.images.decode import decode_checked
+from cocodet.images.read import load_raw
 from cocodet.datamodule import CocoDataModule
 from cocodet.data.dataset import DetectionDataset
 from cocodet.loader.flat_batch import flatten

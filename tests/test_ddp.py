@@ -77,8 +77,8 @@ def test_grouped_batches_end_the_epoch_on_both_ranks_each_image_once(coco79, tmp
     same steps (a rank with one step more would hang at the next collective) and every train
     image is taken; the repeats are exactly the padding batches' images."""
     import numpy as np
-    from cocodet.data.coco import build_index
-    from cocodet.data.grouped_sampler import GroupedEpochSampler
+    from cocodet.coco.index import build_index
+    from cocodet.loader.grouped_sampler import GroupedEpochSampler
 
     _, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", "loader.num_workers=0", "augment=hflip",
                           "+model.detector.min_size=64", "+model.detector.max_size=96", "loader.group_aspect_ratio=3",

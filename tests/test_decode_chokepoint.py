@@ -13,8 +13,8 @@ from src_scan import ScopedFinder, calls_in, calls_in_src
 
 # function (module.qualname) -> why it may decode
 ALLOWED = {
-    "cocodet.data.decode._imdecode": "the one decode; reached only through decode_checked",
-    "cocodet.data.image_header._pil_size": "PIL's lazy open reads the header only",
+    "cocodet.images.decode._imdecode": "the one decode; reached only through decode_checked",
+    "cocodet.images.header._pil_size": "PIL's lazy open reads the header only",
     "cocodet.bench.common_way.CommonWayDataset._raw": "the PIL baseline; check_header first",
     "cocodet.inference.standalone_predict.read_image": "cannot import cocodet; its own header check first",
     "cocodet.inference.standalone_predict.header_size": "PIL's lazy open reads the header only",
@@ -72,7 +72,7 @@ def all_decodes() -> dict[str, list[tuple[str, int]]]:
 def test_every_decode_in_src_is_in_an_allowed_function():
     outside = {f: calls for f, calls in all_decodes().items() if f not in ALLOWED}
     assert not outside, (f"decoding calls outside the guarded decode: {outside}; call "
-                         "cocodet.data.decode.decode_checked (it checks the header first)")
+                         "cocodet.images.decode.decode_checked (it checks the header first)")
 
 
 def test_every_allowed_function_still_decodes():

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import run_in_process
-from cocodet.data.augment import Basic, Mosaic
+from cocodet.transforms.augment import Basic, Mosaic
 from cocodet.loader.flat_batch import update_digest
 
 
@@ -79,8 +79,9 @@ def test_whole_dataset_partners_keep_the_stream_contract(coco_tiny, tmp_path):
 
 
 def test_digest_changes_with_epoch(coco_tiny):
-    from cocodet.data.coco import build_index
-    from cocodet.data.dataset import DetectionDataset, EpochSampler
+    from cocodet.coco.index import build_index
+    from cocodet.data.dataset import DetectionDataset
+    from cocodet.loader.epoch_sampler import EpochSampler
     from cocodet.loader.flat_batch import flatten
 
     index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json")

@@ -81,3 +81,38 @@ def test_every_relative_link_resolves(doc):
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
             broken.append(f"{link}: no heading #{anchor} in {file.name}")
     assert not broken, broken
+
+
+# A script's path in prose and code blocks alike (folder, slash, name ending .py or .sh), and the
+# pathlib form tests use (the folder and the name as two quoted strings joined by " / ").
+SCRIPT_PATH = re.compile(r"\b(scripts|benchmarks)/([\w.-]+\.(?:py|sh))\b|\"(scripts|benchmarks)\" / \"([\w.-]+\.(?:py|sh))\"")
+SCANNED = [REPO / "README.md", REPO / "Makefile", REPO / "Dockerfile", *sorted((REPO / ".ci").glob("*")),
+           *(p for folder in ("docs", "src", "conf", "tests", "scripts", "benchmarks", "deploy")
+             for p in sorted((REPO / folder).rglob("*")) if p.suffix in (".md", ".py", ".yaml", ".sh", ".txt"))]
+
+
+def missing_script_paths(files: list[Path]) -> list[str]:
+    missing = []
+    for path in files:
+        for m in SCRIPT_PATH.finditer(path.read_text()):
+            folder, name = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            if not (REPO / folder / name).is_file():
+                missing.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path.name}: {folder}/{name}")
+    return missing
+
+
+def test_every_script_path_named_anywhere_exists(tmp_path):
+    """The tools a user runs live in scripts/, the studies and benchmarks behind the docs' figures
+    in benchmarks/; a path left behind by a move is caught, in code blocks too."""
+    assert len(SCANNED) > 100 and missing_script_paths(SCANNED) == []
+    planted = tmp_path / "planted.md"
+    moved = "scripts" + "/bench_mosaic.py"  # built here, so that this file names no stale path itself
+    planted.write_text(f"```\npython {moved}\n```\nand `REPO / \"scripts\" / \"sweep_report.py\"`\n")
+    assert missing_script_paths([planted]) == [f"planted.md: {moved}"]
+
+
+def test_scripts_holds_the_tools_and_benchmarks_the_studies():
+    tools = {p.name for p in (REPO / "scripts").iterdir()}
+    assert tools == {"container_check.sh", "debian_mirror.sh", "download_coco.sh", "gpu_check.sh", "gpu_wheels.sh",
+                     "plot_learning_curve.py", "sweep_report.py"}
+    assert {p.name for p in (REPO / "benchmarks").iterdir() if p.suffix == ".py"} >= {"bench_mosaic.py", "recipe_study.py"}

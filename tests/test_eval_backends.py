@@ -16,7 +16,7 @@ from conftest import REPO
 
 from cocodet.models.evaluation import ALL_STAT_NAMES, EvalBackendError, backend_classes, evaluate, load_ground_truth
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_cocoeval import detections  # noqa: E402  (the benchmark's own jittered detections)
 
 

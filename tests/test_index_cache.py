@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cocodet.data import index_cache
-from cocodet.data.coco import build_index
-from cocodet.data.index_cache import cached_index
+from cocodet.coco import index_cache
+from cocodet.coco.index import build_index
+from cocodet.coco.index_cache import cached_index
 
 
 def same(a, b) -> bool:

@@ -1,11 +1,15 @@
-"""The package layering (README, Layout) read from the source: every import, those inside
-functions included, followed transitively.
+"""The package layering (design §1, README "Layout") read from the source: every import, those
+inside functions and under ``TYPE_CHECKING`` included, followed transitively.
 
-How modules are classified: a module inside a package (``cocodet.data.coco``) belongs to that
-package (``data``); a top-level module is a unit of its own: ``errors`` and ``sample`` (the
-bottom layer), ``config`` (start-up validation), ``datamodule`` (the composition root),
-``preview``, ``app`` and ``cli``; ``modes`` is the wiring package (one module per mode). The
-re-export modules that keep old ``_target_`` paths importing are exempt, by name.
+How modules are classified: a module inside a package (``cocodet.coco.index``) belongs to that
+package (``coco``); a top-level module is a unit of its own: ``errors``, ``sample``, ``ranks``,
+``units``, ``host`` and ``schema`` (the bottom layer), ``config`` (start-up validation),
+``datamodule`` (the composition root), ``preview``, ``app`` and ``cli``; ``modes`` is the wiring
+package (one module per mode). The re-export modules that keep old ``_target_`` paths importing
+are exempt, by name.
+
+The data side is four packages, one job each, stacked bytes < COCO index < pixels < transforms,
+with ``data`` composing them; ``loader`` plans and moves batches and imports none of them.
 """
 
 from __future__ import annotations
@@ -24,13 +28,28 @@ from conftest import REPO
 
 SRC = REPO / "src" / "cocodet"
 # Modules that hold nothing but a re-export of a class shipped configs named before the re-layout.
-REEXPORTS = {"cocodet.data.datamodule", "cocodet.bench.callback"}
+REEXPORTS = {"cocodet.data.datamodule", "cocodet.data.augment", "cocodet.data.reference_presets",
+             "cocodet.data.ssd_presets", "cocodet.bench.callback"}
 # Every cocodet class or function a shipped YAML named as _target_ before the re-layout.
 OLD_TARGETS = ["cocodet.bench.callback.LoaderTimingCallback", "cocodet.data.augment.Basic",
                "cocodet.data.augment.Letterbox", "cocodet.data.augment.Mosaic",
                "cocodet.data.datamodule.CocoDataModule", "cocodet.models.detector.DetectorModule",
-               "cocodet.models.preemption.PreemptionCheckpoint", "cocodet.models.zoo.build_detector"]
+               "cocodet.models.preemption.PreemptionCheckpoint", "cocodet.models.zoo.build_detector",
+               "cocodet.data.reference_presets.HFlip", "cocodet.data.reference_presets.MultiScale",
+               "cocodet.data.reference_presets.LargeScaleJitter", "cocodet.data.ssd_presets.SingleShotPreset",
+               "cocodet.datamodule.CocoDataModule"]
 BOTTOM = {"errors", "sample", "ranks"}
+# What each data-side package and the loader may import (besides itself), transitively.
+BELOW = {"errors", "sample", "ranks", "units", "host", "schema"}
+ALLOWED = {
+    "storage": BELOW,
+    "coco": BELOW | {"storage"},
+    "images": BELOW | {"storage", "coco"},
+    "transforms": BELOW | {"storage", "coco", "images"},
+    "loader": BELOW,
+    "data": BELOW | {"storage", "coco", "images", "transforms", "loader"},
+}
+MAX_MODULE_LINES = 300
 
 
 def module_name(path: Path) -> str:
@@ -86,13 +105,106 @@ def test_no_cycle_between_units(graph):
     assert not cycles, f"units on an import cycle: {cycles}; edges {sorted(edges)}"
 
 
-@pytest.mark.parametrize("package", ["data", "loader"])
-def test_data_and_loader_stay_at_the_bottom(graph, package):
-    other = {"data": "loader", "loader": "data"}[package]
-    for module in (m for m in graph if unit(m) == package):
-        reached = {unit(d) for d in closure(graph, module, REEXPORTS)}
-        bad = reached & {other, "bench", "models", "inference", "timing", "datamodule", "modes", "app", "cli"}
-        assert not bad, f"{module} imports (transitively) {sorted(bad)}"
+def layer_violations(graph: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
+    """'module -> unit' for each unit a layered package's module reaches that its layer may not."""
+    bad = []
+    for module in sorted(m for m in graph if unit(m) in allowed):
+        reached = {unit(d) for d in closure(graph, module, REEXPORTS)} - {unit(module)}
+        bad += [f"{module} -> {u}" for u in sorted(reached - allowed[unit(module)])]
+    return bad
+
+
+def test_each_package_imports_only_the_layers_below_it(graph):
+    assert not layer_violations(graph, ALLOWED)
+
+
+def test_the_layering_check_catches_a_back_arrow(graph):
+    planted = {**graph, "cocodet.images.decode": graph["cocodet.images.decode"] | {"cocodet.transforms.recipe"}}
+    assert "cocodet.images.decode -> transforms" in layer_violations(planted, ALLOWED)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            members = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                members.append(w)
+                if w == v:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_anywhere_in_src():
+    """Counting imports inside functions and under TYPE_CHECKING: a circle there still ties two
+    modules into one (neither can be read, tested or moved alone)."""
+    assert import_cycles(direct_imports()) == []
+
+
+def test_the_circle_check_catches_a_planted_circle():
+    graph = direct_imports()
+    planted = {**graph, "cocodet.loader.budget": graph["cocodet.loader.budget"] | {"cocodet.loader.policy"}}
+    assert any({"cocodet.loader.budget", "cocodet.loader.policy"} <= set(c) for c in import_cycles(planted))
+
+
+def long_modules(root: Path) -> list[str]:
+    return [f"{p.relative_to(root)}: {n} lines" for p in sorted(root.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+
+
+def test_no_module_is_over_300_lines(tmp_path):
+    assert long_modules(SRC) == []
+    (tmp_path / "planted.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "fits.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert long_modules(tmp_path) == [f"planted.py: {MAX_MODULE_LINES + 1} lines"]
+
+
+def test_no_package_holds_more_than_a_quarter_of_src():
+    lines = {}
+    for path in SRC.rglob("*.py"):
+        lines[unit(module_name(path))] = lines.get(unit(module_name(path)), 0) + len(path.read_text().splitlines())
+    total = sum(lines.values())
+    assert max(lines.values()) <= total / 4, sorted(lines.items(), key=lambda kv: -kv[1])[:3]
+
+
+def heavy_imports(modules: list[str], path: Path | None = None) -> set[str]:
+    """The heavy libraries importing ``modules`` pulls in, in a fresh interpreter."""
+    code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cv2', 'torchvision', 'lightning'}))")
+    env = {**__import__("os").environ, "PYTHONPATH": str(path)} if path else None
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return set(eval(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_the_storage_package_imports_neither_torch_nor_cv2(tmp_path):
+    """Bytes need no image code: a tool that only reads a bucket stays light."""
+    storage = sorted(module_name(p) for p in (SRC / "storage").glob("*.py"))
+    assert len(storage) >= 6 and heavy_imports(storage) == set()
+    planted = tmp_path / "planted_storage"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    (planted / "store.py").write_text("import torch  # a storage module that imports torch\n")
+    assert "torch" in heavy_imports(["planted_storage.store"], tmp_path)
 
 
 def test_bottom_layer_imports_nothing_of_cocodet(graph):
@@ -119,6 +231,31 @@ def test_reexport_modules_hold_only_the_reexport():
 def test_old_target_paths_still_import(target):
     module, name = target.rsplit(".", 1)
     assert callable(getattr(importlib.import_module(module), name))
+
+
+OLD_RECIPE_PATHS = {"hflip": "cocodet.data.reference_presets.HFlip", "multiscale": "cocodet.data.reference_presets.MultiScale",
+                    "lsj": "cocodet.data.reference_presets.LargeScaleJitter", "ssd": "cocodet.data.ssd_presets.SingleShotPreset",
+                    "mosaic": "cocodet.data.augment.Mosaic", "basic": "cocodet.data.augment.Basic",
+                    "none": "cocodet.data.augment.Letterbox"}
+
+
+@pytest.mark.parametrize("augment", sorted(OLD_RECIPE_PATHS))
+def test_a_recipe_named_by_its_old_path_is_sized_as_by_its_new_one(augment):
+    """The wiring dispatches on the recipe's class: an old path is the same class, so the loader
+    sizes images for the model exactly as through the shipped config."""
+    from hydra import compose, initialize_config_dir
+
+    from cocodet.modes.wiring import batch_geometry, is_reference_preset, train_keep_empty
+
+    model = ["model=ssd300_vgg16"] if augment == "ssd" else ["model=fasterrcnn_resnet50_fpn"] if augment != "mosaic" else []
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        new = compose(config_name="config", overrides=[f"augment={augment}", "loader.group_aspect_ratio=2", *model])
+        old = compose(config_name="config", overrides=[f"augment={augment}", "loader.group_aspect_ratio=2", *model,
+                                                       f"augment._target_={OLD_RECIPE_PATHS[augment]}"])
+    assert old.augment._target_ != new.augment._target_
+    assert is_reference_preset(old) == is_reference_preset(new) == (augment in ("hflip", "multiscale", "lsj", "ssd"))
+    assert batch_geometry(old) == batch_geometry(new)
+    assert train_keep_empty(old) == train_keep_empty(new)
 
 
 def test_shipped_configs_name_current_paths():

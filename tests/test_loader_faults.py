@@ -154,7 +154,7 @@ def test_host_without_shm_is_not_capped(tmp_path, synthetic_root, caplog):
 @pytest.mark.parametrize("sig,expected", [(signal.SIGKILL, "memory"), (signal.SIGBUS, "/dev/shm ran out")])
 def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
     """A worker killed mid-epoch ends the loop with the diagnosis, not a bare 'exited unexpectedly'."""
-    from cocodet.data.augment import Mosaic
+    from cocodet.transforms.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
     from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
     from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
@@ -186,7 +186,7 @@ def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
 
 @pytest.mark.slow
 def test_flat_batch_survives_256_fds_where_list_of_dicts_does_not():
-    cmd = ["prlimit", "--nofile=256:", sys.executable, str(REPO / "scripts" / "bench_transport.py"), "--json",
+    cmd = ["prlimit", "--nofile=256:", sys.executable, str(REPO / "benchmarks" / "bench_transport.py"), "--json",
            "--batches", "64", "--size", "96", "--workers", "4", "--prefetch", "4", "--steps", "50",
            "--layouts", "flat_batch", "list_of_dicts", "--timeout", "20"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)

@@ -17,7 +17,7 @@ IMAGES, SIZE, EPOCHS = 4, 256, 100
 
 
 def build_subset(src, out):
-    spec = importlib.util.spec_from_file_location("overfit_subset", REPO / "scripts" / "overfit_subset.py")
+    spec = importlib.util.spec_from_file_location("overfit_subset", REPO / "benchmarks" / "overfit_subset.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build_subset(src, out, images=IMAGES, image_size=SIZE)

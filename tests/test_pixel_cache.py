@@ -15,9 +15,10 @@ import pytest
 
 from conftest import run_in_process
 from cocodet.data import pixel_cache
-from cocodet.data.coco import BadSampleError, build_index
-from cocodet.data.decode import decode_reduction
-from cocodet.data.read import load_resized
+from cocodet.coco.index import build_index
+from cocodet.errors import BadSampleError
+from cocodet.images.decode import decode_reduction
+from cocodet.images.read import load_resized
 from cocodet.data.pixel_cache import CacheSpaceError, open_pixel_cache
 
 

@@ -44,9 +44,10 @@ def bench(endpoint: str, cache: Path, *extra: str) -> list[str]:
 def test_the_plan_reads_what_the_samples_read(coco_tiny, partners, monkeypatch):
     """planned_reads replays the sample's own draws: the images _sample loads, in its order."""
     from cocodet.data import dataset as dataset_module
-    from cocodet.data.augment import Mosaic
-    from cocodet.data.dataset import DetectionDataset, EpochSampler
-    from cocodet.data.splits import load_splits
+    from cocodet.transforms.augment import Mosaic
+    from cocodet.data.dataset import DetectionDataset
+    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.coco.splits import load_splits
 
     train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
                            "annotations/instances_val2017.json")
@@ -80,7 +81,7 @@ def test_a_read_ahead_that_breaks_is_said_and_the_run_goes_on(store, tmp_path, m
     """A plan that raises on the read-ahead thread (epoch 2 is planned there, while epoch 0
     runs) ends the read-ahead with a warning that says what happened; the bench finishes, the
     workers reading what the thread would have fetched."""
-    from cocodet.data import prefetch
+    from cocodet.storage import prefetch
 
     real = prefetch.epoch_reads
 
@@ -133,8 +134,8 @@ def test_a_budget_of_a_quarter_of_the_split_is_never_exceeded(store, coco_tiny, 
     assert s["remote"]["read_ahead"]["peak_held_bytes"] <= budget
     # At most one GET per key per epoch: two whole epochs, and the head of the third that the
     # read-ahead (and the workers, which stream across epochs) fetched before the bench stopped.
-    from cocodet.data.dataset import EpochSampler
-    from cocodet.data.splits import load_splits
+    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.coco.splits import load_splits
 
     train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
                            "annotations/instances_val2017.json")
@@ -164,8 +165,8 @@ def test_under_ddp_each_rank_fetches_its_own_indices_with_the_local_digests(stor
     each rank's prefetcher fetching its own share of epoch 0 first, then what its next epochs
     add (the train loader streams on across the epoch's end), each key once; the per-rank
     digests are the local root's."""
-    from cocodet.data.dataset import EpochSampler
-    from cocodet.data.splits import load_splits
+    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.coco.splits import load_splits
     from conftest import NARROW_MODEL, run_train
 
     common = ["dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=1",

@@ -17,10 +17,10 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from conftest import run_in_process
-from cocodet.data.coco import build_index
-from cocodet.data.model_resize import BUILDER_SIZES, builder_sizes
-from cocodet.data.read import load_raw
-from cocodet.data.reference_presets import HFlip, LargeScaleJitter, ModelResize, MultiScale
+from cocodet.coco.index import build_index
+from cocodet.transforms.model_resize import BUILDER_SIZES, builder_sizes
+from cocodet.images.read import load_raw
+from cocodet.transforms.reference_presets import HFlip, LargeScaleJitter, ModelResize, MultiScale
 from cocodet.loader.flat_batch import flatten, restore
 from cocodet.models.zoo import LoaderSizedTransform, build_detector
 from cocodet.sample import make_sample
@@ -275,7 +275,7 @@ def test_pixel_cache_is_refused_in_one_line(coco_tiny, tmp_path):
 
 
 def test_a_model_with_a_fixed_input_size_is_refused(coco_tiny, tmp_path):
-    from cocodet.data.model_resize import ModelSizeError
+    from cocodet.transforms.model_resize import ModelSizeError
 
     with pytest.raises(ModelSizeError, match="ssdlite320_mobilenet_v3_large fixes its input size"):
         run_in_process(["mode=plan", "dataset=coco", f"dataset.root={coco_tiny}", "augment=lsj",

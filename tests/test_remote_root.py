@@ -73,8 +73,8 @@ def test_the_pixel_cache_of_a_bucket_is_keyed_by_one_listing(store, coco_tiny, t
 
 
 def test_ranks_read_their_own_indices_and_the_padding_twice():
-    from cocodet.data.dataset import EpochSampler
-    from cocodet.data.rank_share import padding, rank_indices
+    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.loader.rank_share import padding, rank_indices
 
     for size, world in ((80, 2), (80, 3), (7, 4)):
         shares = [rank_indices(size, 0, 3, r, world) for r in range(world)]
@@ -135,8 +135,8 @@ def test_the_annotation_is_fetched_once_and_the_index_not_parsed_again(store, tm
 
 
 def test_prediction_grid_tiles_are_read_from_the_bucket(store, coco_tiny):
-    from cocodet.data import storage
-    from cocodet.data.splits import load_splits
+    from cocodet.storage import store as storage
+    from cocodet.coco.splits import load_splits
     from cocodet.models.prediction_grid import _stored_image
 
     storage.configure({"endpoint_url": store})
@@ -168,14 +168,14 @@ def test_a_deleted_object_is_a_bad_sample_named_by_its_key(store, coco_tiny, tmp
     assert s["examples"] == 80 and records
     assert {r["file"] for r in records} == {f"s3://coco-missing/train2017/{gone}"}
     assert all("no such object (404 on GetObject)" in r["reason"] for r in records)
-    from cocodet.data.coco import BadSampleError
+    from cocodet.errors import BadSampleError
 
     with pytest.raises(BadSampleError, match=f"s3://coco-missing/train2017/{gone}.*404"):
         run_in_process(bench_args(remote(store, "coco-missing"), "loader.num_workers=0"), tmp_path / "raise")
 
 
 def test_a_store_that_does_not_answer_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
-    from cocodet.data.storage import StoreDown
+    from cocodet.storage.store import StoreDown
 
     for name, value in DUMMY_KEYS.items():
         monkeypatch.setenv(name, value)

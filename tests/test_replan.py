@@ -22,7 +22,7 @@ from test_policy import host
 def datamodule(root, workers: int, **replanner_args):
     """A datamodule on the synthetic set (48 train images, batch 4) whose plan has ``workers``
     (inherited: re-plans by default) and a replanner that plans against this host."""
-    from cocodet.data.augment import Mosaic
+    from cocodet.transforms.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
 
     def plan_fn(n: int, prefetch: int):
@@ -151,7 +151,7 @@ def test_a_samples_own_exception_is_never_retried():
     plan = plan_loader(LoaderRequest("auto", None, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     replanner = Replanner(plan, lambda n, p: pytest.fail("re-planned a sample's own error"))
     own = RuntimeError("Caught BadSampleError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
-                       "last):\n  ...\ncocodet.data.coco.BadSampleError: train2017/x.jpg: cannot decode")
+                       "last):\n  ...\ncocodet.errors.BadSampleError: train2017/x.jpg: cannot decode")
     hang = RuntimeError("DataLoader timed out after 20 seconds")
     segv = RuntimeError("DataLoader worker (pid 7) is killed by signal: Segmentation fault.")
     for error in (own, hang, segv, ValueError("a bug in a recipe")):

@@ -14,7 +14,7 @@ from conftest import REPO, run_in_process
 @pytest.mark.slow
 def test_coco_scale_index_builds_once_and_feeds_a_bench(coco_tiny, tmp_path, monkeypatch):
     root = tmp_path / "coco_scale"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_scale_coco.py"), "--src", str(coco_tiny), "--out",
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_scale_coco.py"), "--src", str(coco_tiny), "--out",
                     str(root)], check=True, capture_output=True, timeout=900)
     monkeypatch.setenv("COCODET_CACHE_DIR", str(tmp_path / "cache"))
     plan = run_in_process(["mode=plan", "dataset=coco", f"dataset.root={root}"], tmp_path / "plan")

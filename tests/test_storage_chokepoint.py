@@ -1,4 +1,4 @@
-"""Every read of dataset bytes in src/ goes through ``cocodet.data.storage.read_bytes``, the one
+"""Every read of dataset bytes in src/ goes through ``cocodet.storage.store.read_bytes``, the one
 reader that knows remote roots (a bucket URL): an ast scan finds each binary read (``open``
 in a binary read mode, ``Path.read_bytes``, ``np.fromfile``, a decoder given a path) and fails
 on any outside the functions allowed to make one, each for a reason that is not a dataset file."""
@@ -13,13 +13,13 @@ import pytest
 from src_scan import ScopedFinder, calls_in, calls_in_src
 
 ALLOWED = {
-    "cocodet.data.storage.read_bytes": "the one reader: a local file, or the object at a URL",
-    "cocodet.data.cache_files._sha256": "checksums of cocodet's own cache files",
+    "cocodet.storage.store.read_bytes": "the one reader: a local file, or the object at a URL",
+    "cocodet.storage.cache_files._sha256": "checksums of cocodet's own cache files",
     "cocodet.data.pixel_cache.PixelCache.preload": "cocodet's own pixel file, read through once (dataset.cache=ram)",
-    "cocodet.data.index_cache.index_key": "hashes the annotation file: local, or the local copy of a URL",
-    "cocodet.data.coco.load_coco_json": "parses the annotation file: local, or the local copy of a URL",
+    "cocodet.coco.index_cache.index_key": "hashes the annotation file: local, or the local copy of a URL",
+    "cocodet.coco.index.load_coco_json": "parses the annotation file: local, or the local copy of a URL",
     "cocodet.inference.standalone_predict.read_image": "the shipped predict.py: cannot import cocodet",
-    "cocodet.data.object_cache.ObjectCache._read_copy": "the read-ahead's local copies of objects read_bytes fetched",
+    "cocodet.storage.object_cache.ObjectCache._read_copy": "the read-ahead's local copies of objects read_bytes fetched",
 }
 
 
@@ -57,7 +57,7 @@ def all_reads() -> dict[str, list[tuple[str, int]]]:
 def test_every_binary_read_in_src_is_in_an_allowed_function():
     outside = {f: calls for f, calls in all_reads().items() if f not in ALLOWED}
     assert not outside, (f"binary reads outside the storage reader: {outside}; call "
-                         "cocodet.data.storage.read_bytes (it reads local paths and bucket URLs alike)")
+                         "cocodet.storage.store.read_bytes (it reads local paths and bucket URLs alike)")
 
 
 def test_every_allowed_function_still_reads():

@@ -145,7 +145,7 @@ def test_predict_handles_corrupt_grayscale_and_huge_images(trained, tmp_path):
         assert 0 <= x <= x + w <= 4000 and 0 <= y <= y + h <= 3000
     bad = [json.loads(line) for line in (trained["base"] / "mixed" / "bad_samples.jsonl").read_text().splitlines()]
     assert bad[0]["file"].endswith("corrupt.jpg") and "truncated" in bad[0]["reason"]
-    from cocodet.data.coco import BadSampleError
+    from cocodet.errors import BadSampleError
 
     with pytest.raises(BadSampleError, match="corrupt.jpg"):
         use(trained, "predict", "mixed_raise", f"predict.source={folder}", "loader=explicit", "loader.num_workers=0")

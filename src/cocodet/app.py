@@ -40,8 +40,8 @@ def run(cfg: DictConfig) -> dict:
 
 
 def configure_storage(cfg: DictConfig) -> None:
-    """How a URL dataset root (and predict.source) is opened, for every mode (data/storage.py)."""
-    from cocodet.data import storage
+    """How a URL dataset root (and predict.source) is opened, for every mode (storage/store.py)."""
+    from cocodet.storage import store as storage
 
     dataset = cfg.get("dataset") or {}
     options = OmegaConf.to_container(dataset.get("storage_options") or {}, resolve=True)

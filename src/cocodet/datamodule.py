@@ -14,17 +14,18 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from cocodet.data.recipe import Recipe
-from cocodet.data.bad_samples import BadSampleLedger
-from cocodet.data.coco import BadSampleError
-from cocodet.data.dataset import DetectionDataset, EpochSampler
-from cocodet.data.grouped_sampler import GroupedEpochSampler
-from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.transforms.recipe import Recipe
+from cocodet.coco.bad_samples import BadSampleLedger
+from cocodet.errors import BadSampleError
+from cocodet.data.dataset import DetectionDataset
+from cocodet.loader.epoch_sampler import EpochSampler
+from cocodet.loader.grouped_sampler import GroupedEpochSampler
+from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.pixel_cache import open_pixel_cache
-from cocodet.data.splits import annotation_file, load_splits
-from cocodet.data.prefetch import start_read_ahead
-from cocodet.data.storage import configure as configure_storage, counts as storage_counts, is_remote
-from cocodet.data.verify import verify_indexes
+from cocodet.coco.splits import annotation_file, load_splits
+from cocodet.storage.prefetch import start_read_ahead
+from cocodet.storage.store import configure as configure_storage, counts as storage_counts, is_remote
+from cocodet.images.verify import verify_indexes
 from cocodet.errors import UserError
 from cocodet.loader.build import build_loader
 from cocodet.loader.stream_position import StreamPosition
@@ -72,11 +73,11 @@ class CocoDataModule(L.LightningDataModule):
         run_dir: where ``bad_samples.jsonl`` and ``verify.json`` go.
         max_image_pixels: images whose header is larger are bad samples, never decoded.
         group_aspect_ratio: train batches from one of 2k + 2 aspect-ratio bins
-            (``data/grouped_sampler.py``); None: batches in shuffled order.
+            (``loader/grouped_sampler.py``); None: batches in shuffled order.
         storage_options: fsspec's options for a URL ``root`` (``endpoint_url``); never credentials.
         remote: a URL root's store settings (``conf/dataset/coco.yaml``): ``timeout_s`` (one
             request), ``retries`` and ``give_up_s`` (a failing store), ``cache_dir``,
-            ``cache_bytes`` and ``concurrency`` (the read-ahead, ``data/prefetch.py``).
+            ``cache_bytes`` and ``concurrency`` (the read-ahead, ``storage/prefetch.py``).
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
@@ -87,13 +88,13 @@ class CocoDataModule(L.LightningDataModule):
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, group_aspect_ratio: int | None = None,
                  storage_options: dict | None = None, remote: dict | None = None):
         super().__init__()
-        configure_storage(storage_options, **(remote or {}))  # a URL root's filesystem (data/storage.py)
+        configure_storage(storage_options, **(remote or {}))  # a URL root's filesystem (storage/store.py)
         self.root, self.train_images, self.remote, self.cache_dir = root, train_images, dict(remote or {}), cache_dir
-        self.read_ahead = None  # a remote root's prefetcher (data/prefetch.py), started with the train loader
+        self.read_ahead = None  # a remote root's prefetcher (storage/prefetch.py), started with the train loader
         self.samples_consumed = 0  # train samples that reached the model (or the bench)
         self.read_ahead_record: dict | None = None  # the read-ahead's summary, kept when it stops
         self.run_dir = Path(run_dir) if run_dir else None
-        self.max_image_pixels = max_image_pixels  # every decode of this run's files checks it (data/decode.py)
+        self.max_image_pixels = max_image_pixels  # every decode of this run's files checks it (images/decode.py)
         self.bad_samples = BadSampleLedger(self.run_dir)
         if cache != "none" and recipe.decode_size is None:
             raise PixelCacheConfigError(

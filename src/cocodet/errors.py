@@ -1,7 +1,8 @@
 """The error every layer raises for a mistake the user can fix (bottom layer: imports nothing).
 
 ``cli`` prints a :class:`UserError` as one line on stderr and exits 2; anything else keeps its
-traceback.
+traceback. :class:`BadSampleError` is the one error that is not the user's: an image or
+annotation that cannot be used, which ``dataset.on_bad_sample`` decides about.
 """
 
 
@@ -38,3 +39,16 @@ class TrainingStopped(RunStopped):
     def __init__(self, message: str, status: str, summary: dict | None = None):
         super().__init__(message, summary)
         self.status = status
+
+
+class BadSampleError(RuntimeError):
+    """A sample that cannot be used; carries what a user needs to find it."""
+
+    def __init__(self, path: str, image_id: int | None = None, reason: str | None = None):
+        # One-argument form: DataLoader re-raises worker errors as exc_type(message).
+        message = path if image_id is None else f"bad sample: image_id={image_id} file={path}: {reason}"
+        super().__init__(message)
+        self.path, self.image_id, self.reason = path, image_id, reason
+
+    def __reduce__(self):  # keep the fields when the error crosses a worker boundary
+        return (BadSampleError, (self.path, self.image_id, self.reason))

@@ -41,7 +41,7 @@ def render_previews(datamodule, out_dir: str | Path, batches: int = 2, epoch: in
     """``mode=preview``: the first ``batches`` train batches of ``epoch`` as PNG grids, through
     the configured datamodule (decode, augmentation, FlatBatch transport, restore); and, when
     batches are grouped by aspect ratio, each batch's bins (one per image, captioned on its tile)."""
-    from cocodet.data.grouped_sampler import aspect_groups
+    from cocodet.loader.grouped_sampler import aspect_groups
 
     k_factor = datamodule.group_aspect_ratio
     bins = aspect_groups(np.asarray(datamodule.train_index.sizes), k_factor) if k_factor else None

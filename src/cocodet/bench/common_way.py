@@ -17,10 +17,10 @@ import torch
 import torch.utils.data
 from PIL import Image
 
-from cocodet.data.augment import Recipe
-from cocodet.data.coco import CocoIndex
-from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS, check_header
-from cocodet.data.storage import read_bytes
+from cocodet.transforms.recipe import Recipe
+from cocodet.coco.index import CocoIndex
+from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS, check_header
+from cocodet.storage.store import read_bytes
 
 
 class CommonWayDataset(torch.utils.data.Dataset):

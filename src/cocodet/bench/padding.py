@@ -1,13 +1,13 @@
 """Batch padding from sizes alone (no decode): what ``mode=bench`` measures as
 ``batch_pad_share`` for recipes whose images carry no padding of their own (``hflip``,
-``multiscale``), for any batch order; ``scripts/batch_padding.py`` compares groupings with it."""
+``multiscale``), for any batch order; ``benchmarks/batch_padding.py`` compares groupings with it."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from cocodet.data.model_resize import resized_hw
-from cocodet.data.reference_presets import MultiScale
+from cocodet.transforms.model_resize import resized_hw
+from cocodet.transforms.reference_presets import MultiScale
 
 
 def sample_sizes(preset: str, sizes: np.ndarray, epoch: int, seed: int = 0,

@@ -15,10 +15,10 @@ from cocodet.bench.producers import CostDataset, make_consumer
 from cocodet.timing.measurement import Measurement
 from cocodet.timing.transfer import TransferTimer
 from cocodet.timing.workers import worker_memory
-from cocodet.data.decode import decode_checked
-from cocodet.data.storage import read_bytes
+from cocodet.images.decode import decode_checked
+from cocodet.storage.store import read_bytes
 from cocodet.datamodule import CocoDataModule
-from cocodet.data.dataset import EpochSampler
+from cocodet.loader.epoch_sampler import EpochSampler
 from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, restore, to_device, update_digest
 from cocodet.loader.build import build_loader
 from cocodet.loader.plan_record import LoaderPlan

@@ -1,6 +1,6 @@
 """The data path a user writes today with torchvision's public API for the reference's
 ``multiscale`` preset, as the baseline grouped batches are measured against
-(``scripts/batch_padding.py``):
+(``benchmarks/batch_padding.py``):
 
 ``torchvision.datasets.CocoDetection`` (PIL decode) wrapped by ``wrap_dataset_for_transforms_v2``,
 the v2 transforms of ``references/detection/presets.py`` (shortest side, flip, float conversion,

@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from cocodet.data.augment import Recipe
-from cocodet.data.bad_samples import skip_record
-from cocodet.data.coco import BadSampleError, CocoIndex
-from cocodet.data.rank_share import per_rank, rank_indices
-from cocodet.data.read import Source, load_resized
-from cocodet.data.recipe import to_original
-from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.transforms.recipe import Recipe
+from cocodet.coco.bad_samples import skip_record
+from cocodet.coco.index import CocoIndex
+from cocodet.errors import BadSampleError
+from cocodet.images.read import Source, load_resized
+from cocodet.transforms.recipe import to_original
+from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet import schema
 from cocodet.sample import BatchKeys, make_sample
 
@@ -91,7 +91,7 @@ class DetectionDataset(torch.utils.data.Dataset):
     def planned_reads(self, key: Any) -> list[int]:
         """The dataset indices sample ``key`` reads when every image is good, in the order
         :meth:`_sample` reads them: the same draws from the same generator (the read-ahead's
-        plan, ``data/prefetch.py``; ``tests/test_read_ahead.py`` compares it with the reads)."""
+        plan, ``storage/prefetch.py``; ``tests/test_read_ahead.py`` compares it with the reads)."""
         epoch, i, pool = _unpack(key)
         rng = np.random.default_rng((self.seed, epoch, i))
         others = [j for j in pool if j != i] or [i] if pool else None
@@ -173,42 +173,3 @@ def _unpack(key: Any) -> tuple[int, int, tuple]:
     if isinstance(key, tuple):
         return (key[0], key[1], key[2]) if len(key) == 3 else (key[0], key[1], ())
     return 0, int(key), ()
-
-
-class EpochSampler(torch.utils.data.Sampler):
-    """Yields ``(epoch, i)`` keys; shuffles with a generator seeded by (seed, epoch).
-
-    With ``pool`` > 1 each key also carries its pool: the aligned run of ``pool`` keys of
-    this rank's epoch order it belongs to (mosaic partners are drawn from it).
-
-    Shards by rank for DDP (contiguous padding like DistributedSampler), so the stream of a
-    rank depends only on (seed, epoch, rank, world size) — never on the worker count.
-    Lightning calls ``set_epoch`` before each epoch. A resume or re-plan starts mid-epoch in
-    the batch sampler (``EpochBatchSampler.start_at``), which skips whole batches of these keys.
-    """
-
-    def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1,
-                 pool: int | None = 0):
-        self.size, self.seed, self.shuffle, self.pool = size, seed, shuffle, pool
-        self.rank, self.world_size, self.epoch = rank, world_size, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch  # the epoch Lightning (or the bench) asks for next
-
-    def __len__(self) -> int:
-        return per_rank(self.size, self.world_size)
-
-    def __iter__(self):
-        return self.epoch_keys(self.epoch)
-
-    def epoch_keys(self, epoch: int):
-        """The keys of ``epoch`` for this rank."""
-        mine = rank_indices(self.size, self.seed, epoch, self.rank, self.world_size, self.shuffle)  # padded by wrapping
-        if not self.pool or self.pool <= 1:  # no pool: partners come from the whole dataset
-            for i in mine:
-                yield (epoch, int(i))
-            return
-        for p in range(-(-len(mine) // self.pool)):
-            pool = tuple(int(j) for j in mine[p * self.pool:(p + 1) * self.pool])
-            for i in pool:
-                yield (epoch, i, pool)

@@ -1,6 +1,6 @@
 """``dataset.cache=ram|disk``: every image of a split at the working resolution, in one file.
 
-The file holds each image exactly as :func:`~cocodet.data.read.load_resized` returns it
+The file holds each image exactly as :func:`~cocodet.images.read.load_resized` returns it
 (reduced JPEG decode, then the one letterbox resize), back to back as uint8 HxWx3, with the
 offsets, shapes and scales beside it. Workers and ranks open it with ``np.memmap``: the
 pages live once in the host's page cache, whatever the number of processes reading them
@@ -35,11 +35,12 @@ from cocodet import schema
 from cocodet.host import memory_available
 from cocodet.units import MiB
 from cocodet.errors import UserError
-from cocodet.data.coco import BadSampleError, CocoIndex
-from cocodet.data.read import Source, clip_targets, load_resized
-from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
-from cocodet.data.storage import file_stamps
-from cocodet.data.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
+from cocodet.coco.index import CocoIndex
+from cocodet.errors import BadSampleError
+from cocodet.images.read import Source, clip_targets, load_resized
+from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.storage.store import file_stamps
+from cocodet.storage.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
 
 log = logging.getLogger(__name__)
 PIXEL_FORMAT = 2  # bump when load_resized's output changes (2: a verified manifest)

@@ -78,7 +78,7 @@ def _export_onnx(model: torch.nn.Module, resize: dict, path: Path, opset: int) -
     except ImportError as e:
         raise ExportError("export.format=onnx needs the onnx extra: pip install '.[onnx]'") from e
     if resize["kind"] == "shortest_side":  # every image its own size: height and width stay free
-        from cocodet.data.model_resize import resized_hw
+        from cocodet.transforms.model_resize import resized_hw
 
         hw, dynamic = resized_hw(480, 640, resize["min_size"], resize["max_size"]), {"image": {1: "height", 2: "width"}}
     else:

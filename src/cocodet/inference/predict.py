@@ -22,13 +22,13 @@ import torch.utils.data
 from tqdm import tqdm
 
 from cocodet.errors import UserError
-from cocodet.data.bad_samples import append_records, skip_record
-from cocodet.data.coco import BadSampleError
-from cocodet.data.decode import decode_checked, decode_resized
-from cocodet.data.recipe import Recipe, to_original
-from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
-from cocodet.data.dataset import EpochSampler
-from cocodet.data.storage import is_file, is_remote, listing, read_bytes
+from cocodet.coco.bad_samples import append_records, skip_record
+from cocodet.errors import BadSampleError
+from cocodet.images.decode import decode_checked, decode_resized
+from cocodet.transforms.recipe import Recipe, to_original
+from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.loader.epoch_sampler import EpochSampler
+from cocodet.storage.store import is_file, is_remote, listing, read_bytes
 from cocodet.loader.flat_batch import restore, to_device
 from cocodet.loader.build import build_loader
 from cocodet.models.evaluation import detections_to_coco, to_original_frame

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cocodet.loader.plan_record import Cap
 from cocodet.loader.resources import HostResources
 from cocodet.units import MiB
 
@@ -16,6 +15,17 @@ from cocodet.units import MiB
 DEFAULT_WORKER_FOOTPRINT = 400 * MiB
 MAIN_PROCESS_HEADROOM = 2048 * MiB
 TENSORS_PER_BATCH = 8  # FlatBatch: each storage is one fd and one mmap while in flight
+
+
+@dataclass(frozen=True)
+class Cap:
+    """One cap the plan evaluated: at most ``limit`` workers (None: not capped), whether it
+    lowered the count, and the arithmetic behind it."""
+
+    name: str
+    limit: int | None
+    applied: bool
+    reason: str
 
 
 def shm_budget(res: HostResources) -> int | None:

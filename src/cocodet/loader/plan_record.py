@@ -1,10 +1,12 @@
 """The loader plan's records (design §3): what the plan is asked (the request, the batch
-geometry) and what it decides (``LoaderPlan``, with each cap it evaluated as a ``Cap``).
+geometry) and what it decides (``LoaderPlan``, with each cap it evaluated as a ``budget.Cap``).
 Plain dataclasses: ``summary()`` is the JSON the run's summary carries."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from cocodet.loader.budget import Cap
 
 
 @dataclass(frozen=True)
@@ -46,20 +48,9 @@ class BatchGeometry:
     partner_pool: int = 0
     image_side: int | None = None  # the largest (padded) image side a train batch may hold
     val_image_side: int | None = None  # the same for a val batch (None: image_side)
-    group_aspect_ratio: int | None = None  # train batches from one aspect-ratio bin (data/grouped_sampler.py)
+    group_aspect_ratio: int | None = None  # train batches from one aspect-ratio bin (loader/grouped_sampler.py)
     group_note: str | None = None  # why a grouping asked for is not applied (mosaic)
     worker_working_bytes: int = 0  # the recipe's largest intermediate (SSD's zoom-out canvas), added to the footprint estimate
-
-
-@dataclass(frozen=True)
-class Cap:
-    """One cap the plan evaluated: at most ``limit`` workers (None: not capped), whether it
-    lowered the count, and the arithmetic behind it."""
-
-    name: str
-    limit: int | None
-    applied: bool
-    reason: str
 
 
 @dataclass

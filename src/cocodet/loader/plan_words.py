@@ -3,14 +3,9 @@ log table. Text only; the numbers come from ``budget.py`` and the plan."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cocodet.loader.budget import MAIN_PROCESS_HEADROOM, Budget, Draft
 from cocodet.loader.resources import HostResources
 from cocodet.units import MiB, mib
-
-if TYPE_CHECKING:
-    from cocodet.loader.plan_record import LoaderPlan
 
 
 def cpu_reason(res: HostResources) -> str:
@@ -97,8 +92,9 @@ def side_text(side: int | None) -> str:
     return f" of up to {side}x{side} px" if side else ""
 
 
-def plan_table(plan: "LoaderPlan") -> str:
-    """The plan as a small fixed-width table for the log."""
+def plan_table(plan) -> str:
+    """The plan (a ``plan_record.LoaderPlan``, read by attribute: this module sits below it) as a
+    small fixed-width table for the log."""
     rows = [
         ("workers", f"{plan.num_workers} (source: {plan.source}, requested: {plan.requested})"),
         ("batch", f"{plan.batch_size} images{side_text(plan.image_side)}, {mib(plan.batch_bytes)} per FlatBatch"

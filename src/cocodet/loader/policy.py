@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from cocodet import schema
 from cocodet.loader import plan_words as words
-from cocodet.loader.budget import (DEFAULT_WORKER_FOOTPRINT, MAIN_PROCESS_HEADROOM, TENSORS_PER_BATCH,  # noqa: F401
+from cocodet.loader.budget import (Cap, DEFAULT_WORKER_FOOTPRINT, MAIN_PROCESS_HEADROOM, TENSORS_PER_BATCH,  # noqa: F401
                                    Budget, Draft, draft, explicit_part_images, host_budget, inflight_fds,
                                    memory_limit, parts_that_fit, shm_size_for, worker_memory)
-from cocodet.loader.plan_record import BatchGeometry, Cap, LoaderPlan, LoaderRequest
+from cocodet.loader.plan_record import BatchGeometry, LoaderPlan, LoaderRequest
 from cocodet.loader.resources import HostResources
 from cocodet.units import MiB
 

@@ -13,7 +13,7 @@ class StreamPosition:
     def __init__(self, batch_size: int, seed: int, world_size: int, group_aspect_ratio: int | None = None):
         self.epoch, self.batches = 0, 0
         self.batch_size, self.seed, self.world_size = batch_size, seed, world_size
-        self.group_aspect_ratio = group_aspect_ratio  # grouped batches are other batches (data/grouped_sampler.py)
+        self.group_aspect_ratio = group_aspect_ratio  # grouped batches are other batches (loader/grouped_sampler.py)
 
     def advance(self, epoch: int) -> None:
         if epoch != self.epoch:

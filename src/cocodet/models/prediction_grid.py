@@ -19,10 +19,10 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from cocodet.data.coco import CocoIndex
-from cocodet.data.decode import decode_checked
-from cocodet.data.storage import StoreError, read_bytes
-from cocodet.data.image_header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.coco.index import CocoIndex
+from cocodet.images.decode import decode_checked
+from cocodet.storage.store import StoreError, read_bytes
+from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
 

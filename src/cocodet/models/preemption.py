@@ -16,7 +16,7 @@ from pathlib import Path
 
 import lightning as L
 
-from cocodet.data.storage import StoreDown
+from cocodet.storage.store import StoreDown
 from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)

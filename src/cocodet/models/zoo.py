@@ -62,7 +62,7 @@ _FIXED_SIZE = {"ssdlite320_mobilenet_v3_large", "ssd300_vgg16"}
 
 class LoaderSizedTransform(GeneralizedRCNNTransform):
     """The model's transform when the loader has already resized each image exactly as this
-    transform would (the reference presets, ``data/model_resize.py``): it normalises and
+    transform would (the reference presets, ``transforms/model_resize.py``): it normalises and
     batches (padding to 32, as before), and never resizes, in training or evaluation.
 
     Without it, evaluation would resize again whatever ``_skip_resize`` says, and a 1-pixel

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from cocodet.data.storage import is_remote
+from cocodet.storage.store import is_remote
 
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.resources import HostResources
@@ -18,14 +18,14 @@ log = logging.getLogger(__name__)
 
 
 def plan(cfg: DictConfig, loader_plan: LoaderPlan, resources: HostResources, run_dir: Path) -> dict:
-    from cocodet.data.splits import load_splits
+    from cocodet.coco.splits import load_splits
     from cocodet.modes.wiring import train_keep_empty
 
     d = OmegaConf.to_container(cfg.dataset, resolve=True)
     train, val = load_splits(d["root"], d["train_images"], d["train_ann"], d["val_images"], d["val_ann"],
                              train_keep_empty(cfg), d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"))
     if cfg.dataset.verify:
-        from cocodet.data.verify import verify_indexes
+        from cocodet.images.verify import verify_indexes
 
         verify_indexes(train, val, run_dir, int(d["max_image_pixels"]))
     log.info("host preflight:\n%s", resources.table())
@@ -37,8 +37,8 @@ def plan(cfg: DictConfig, loader_plan: LoaderPlan, resources: HostResources, run
 def remote_reads(cfg: DictConfig, train, loader_plan: LoaderPlan) -> dict:
     """What one train epoch reads from a remote root for this rank: objects and bytes (from one
     listing of the image prefix), and the images two ranks share (the sampler's padding)."""
-    from cocodet.data.rank_share import padding, rank_indices
-    from cocodet.data.storage import listing
+    from cocodet.loader.rank_share import padding, rank_indices
+    from cocodet.storage.store import listing
     from cocodet.modes.wiring import run_ranks
 
     ranks = run_ranks(cfg)
@@ -62,7 +62,7 @@ def remote_reads(cfg: DictConfig, train, loader_plan: LoaderPlan) -> dict:
 
 def read_ahead_plan(cfg: DictConfig, objects: dict, local_ranks: int) -> dict | None:
     """The read-ahead's disk (refused when its folder cannot hold cache_bytes) and memory."""
-    from cocodet.data.prefetch import budget_origin, read_ahead_budget, read_ahead_folder
+    from cocodet.storage.prefetch import budget_origin, read_ahead_budget, read_ahead_folder
 
     remote = OmegaConf.to_container(cfg.dataset.remote, resolve=True)
     folder = read_ahead_folder(remote, cfg.dataset.get("cache_dir"))

@@ -19,6 +19,10 @@ from cocodet.loader.worker_request import worker_request
 from cocodet.loader.replan import Replanner
 from cocodet.loader.resources import HostResources, local_ranks, probe, uses_cuda
 from cocodet.ranks import Ranks, read_ranks
+from cocodet.transforms.augment import Mosaic
+from cocodet.transforms.recipe import Recipe
+from cocodet.transforms.reference_presets import ReferencePreset
+from cocodet.transforms.ssd_presets import FixedResize
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +84,7 @@ def batch_geometry(cfg: DictConfig) -> BatchGeometry:
     """The train and val batches the config makes, in images and FlatBatch bytes, each at the
     largest image its recipe can produce (the reference presets: not dataset.image_size)."""
     loader, batch = cfg.loader, int(cfg.loader.batch_size)
-    recipe = build_recipe(cfg) if is_reference_preset(cfg) else None  # the letterbox family: not imported (torch)
+    recipe = build_recipe(cfg) if is_reference_preset(cfg) else None  # the letterbox family: not built (albumentations)
     train_side, val_side = image_sides(cfg, recipe)
     val = int(loader.val_batch_size) if loader.get("val_batch_size") else None
     val_bytes = batch_bytes(val or batch, val_side) if val or val_side != train_side else None
@@ -99,16 +103,31 @@ def group_factor(cfg: DictConfig) -> tuple[int | None, str | None]:
     value = cfg.loader.get("group_aspect_ratio", "preset")
     if value == "preset":
         return (3 if is_reference_preset(cfg) else None), None
-    if value is not None and str(cfg.augment.get("_target_", "")).endswith(".Mosaic"):
+    if value is not None and _is_recipe(cfg, Mosaic):
         return None, (f"loader.group_aspect_ratio={value} is ignored: mosaic's outputs are all "
                       f"{cfg.dataset.image_size}x{cfg.dataset.image_size}, so every batch is one aspect ratio already")
     return (int(value) if value is not None else None), None
 
 
+def recipe_class(cfg: DictConfig) -> type | None:
+    """The class ``augment._target_`` names (None: no target), located as ``instantiate`` would:
+    an old path that re-exports a class (``cocodet.data.augment.Mosaic``) gives the same class.
+    The recipe modules import neither torch nor albumentations at module level, so the plan stays light."""
+    from hydra.utils import get_class
+
+    target = cfg.augment.get("_target_") if cfg.get("augment") is not None else None
+    return get_class(str(target)) if target else None
+
+
+def _is_recipe(cfg: DictConfig, family: type) -> bool:
+    """Whether the augment group's class is ``family`` or a subclass of it."""
+    cls = recipe_class(cfg)
+    return cls is not None and issubclass(cls, family)
+
+
 def is_reference_preset(cfg: DictConfig) -> bool:
     """augment=hflip|multiscale|lsj|ssd|ssdlite: the loader sizes images as the model's transform would."""
-    return str(cfg.augment.get("_target_", "")).startswith(("cocodet.data.reference_presets.",
-                                                            "cocodet.data.ssd_presets."))
+    return _is_recipe(cfg, ReferencePreset)
 
 
 def build_recipe(cfg: DictConfig):
@@ -117,10 +136,10 @@ def build_recipe(cfg: DictConfig):
     ``ssd|ssdlite``). Torch-free for those."""
     kwargs = {"image_size": int(cfg.dataset.image_size)}
     if is_reference_preset(cfg):
-        from cocodet.data.model_resize import builder_sizes, fixed_sizes
+        from cocodet.transforms.model_resize import builder_sizes, fixed_sizes
 
         detector = cfg.model.detector
-        if str(cfg.augment._target_).startswith("cocodet.data.ssd_presets."):
+        if _is_recipe(cfg, FixedResize):
             kwargs["model_sizes"] = fixed_sizes(str(detector.name))
         else:
             kwargs["model_sizes"] = builder_sizes(str(detector.name), detector.get("min_size"), detector.get("max_size"))
@@ -140,8 +159,7 @@ def train_keep_empty(cfg: DictConfig) -> bool | str:
     value = cfg.dataset.get("keep_empty")
     if value is not None:
         return value
-    from cocodet.data.recipe import Recipe  # the letterbox family's default (importing it would import torch)
-
+    # The letterbox family's default, read from the base class: building Basic would import albumentations.
     return build_recipe(cfg).keep_empty if is_reference_preset(cfg) else Recipe.keep_empty
 
 

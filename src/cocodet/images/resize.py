@@ -1,0 +1,21 @@
+"""The one resize every recipe and every reader uses, so train and validation preprocessing
+cannot drift apart (OpenCV only)."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+
+def letterbox_resize(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
+    """Resize so the long side is ``size``, keeping the aspect ratio (INTER_AREA when shrinking).
+
+    The one resize every recipe uses, so train and validation preprocessing cannot drift apart.
+    """
+    h, w = image.shape[:2]
+    scale = size / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    if (nh, nw) == (h, w):
+        return image, scale
+    interp = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
+    return cv2.resize(image, (nw, nh), interpolation=interp), scale

@@ -1,0 +1,207 @@
+"""How this process talks to a store: one fsspec filesystem per process and protocol, every
+call bounded and retried, and the counters and give-up clock its DataLoader workers share.
+
+- s3fs sessions (aiohttp, an event-loop thread) do not survive a fork, so a DataLoader worker
+  opens its own filesystem on its first read;
+- every call is bounded by ``dataset.remote.timeout_s`` as a whole (s3fs retries a read timeout
+  five times with back-off on its own: 24 s for a 2 s timeout, measured), so a store that does
+  not answer ends the run in one line instead of hanging it;
+- what failed is named: a missing object (404) is a ``FileNotFoundError`` (the caller's bad
+  sample), a refusal (401/403, an expired token, an unknown key) a :class:`StoreAccessError`
+  that ends the run at the first occurrence whatever ``dataset.on_bad_sample`` says, since
+  every other object would be refused the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+from cocodet.storage.errors import TRANSIENT, StoreAccessError, StoreDown, bucket_of, classified, redact
+from cocodet.storage.urls import protocol_of
+
+log = logging.getLogger(__name__)
+BACKOFF_CAP_S = 5.0  # the longest pause between two attempts (full jitter below it)
+# What this process and the workers it forks counted (shared memory, created by configure()).
+COUNTS = ("gets", "bytes_fetched", "misses", "retries", "cache_hits")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """``dataset.storage_options`` (passed to fsspec; never credentials) and
+    ``dataset.remote.timeout_s``."""
+
+    options: dict = field(default_factory=dict)
+    timeout_s: float = 60.0
+    retries: int = 5
+    give_up_s: float = 120.0
+
+
+_settings = StoreSettings()
+_filesystems: dict[tuple[int, str], object] = {}  # (pid, protocol) -> this process's filesystem
+_counts = None  # multiprocessing.Array of COUNTS, shared with forked workers
+# When the store began failing (time.monotonic(), system-wide on Linux; 0: it answers), shared by
+# this process, its workers and the read-ahead's threads: the store is down for all of them
+# once no request has succeeded for give_up_s, so they give up together.
+_down_since = None
+_object_cache = None  # the node-local read-ahead cache (storage/object_cache.py), when one is in use
+
+
+def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retries: int = 5,
+              give_up_s: float = 120.0, **read_ahead) -> None:
+    """Set how remote URLs are opened, for this process and the workers it forks
+    (``read_ahead``: the remote group's read-ahead keys, used by ``storage/prefetch.py``)."""
+    global _settings, _counts, _object_cache, _down_since
+    options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
+    _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s))
+    _filesystems.clear()
+    _object_cache = None
+    if _counts is None:
+        import multiprocessing
+
+        _counts = multiprocessing.Array("d", len(COUNTS))
+        _down_since = multiprocessing.Value("d", 0.0)
+    with _counts.get_lock():  # a new run counts from zero (several runs share a process in tests and sweeps)
+        _counts[:] = [0.0] * len(COUNTS)
+    _down_since.value = 0.0
+
+
+def _failing_for(now: float) -> float:
+    """Note a failure; seconds since the store began failing (this process's view if unshared)."""
+    if _down_since is None:
+        return 0.0
+    with _down_since.get_lock():
+        if _down_since.value == 0.0:
+            _down_since.value = now
+        return now - _down_since.value
+
+
+def _answered() -> None:
+    if _down_since is not None and _down_since.value != 0.0:
+        with _down_since.get_lock():
+            _down_since.value = 0.0
+
+
+def down_for() -> float:
+    """Seconds no request has succeeded since one failed (0: the store answers)."""
+    since = _down_since.value if _down_since is not None else 0.0
+    return time.monotonic() - since if since else 0.0
+
+
+def check_store_up(url: str, operation: str) -> None:
+    """Raise :class:`StoreDown` if the store has failed every request for ``give_up_s``: for
+    a reader that waits on another process's request instead of making its own."""
+    failing = down_for()
+    if failing > _settings.give_up_s:
+        raise StoreDown(f"{url}: the store has answered no request for {failing:.0f} s while {operation} waited; "
+                        f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
+                        "if training had started: resume with the same command plus ckpt_path=last once the store "
+                        "answers")
+
+
+def count(name: str, amount: float = 1) -> None:
+    if _counts is not None:
+        with _counts.get_lock():
+            _counts[COUNTS.index(name)] += amount
+
+
+def counts() -> dict[str, float]:
+    """Every counter so far, this process and its workers together."""
+    return {name: (_counts[k] if _counts is not None else 0.0) for k, name in enumerate(COUNTS)}
+
+
+def use_object_cache(cache) -> None:
+    """Route reads of remote objects through ``cache`` (``cache.read(url) -> bytes | None``):
+    set in the main process before the workers fork."""
+    global _object_cache
+    _object_cache = cache
+
+
+def object_cache():
+    """The read-ahead cache :func:`use_object_cache` set, or None."""
+    return _object_cache
+
+
+def settings() -> StoreSettings:
+    return _settings
+
+
+def filesystem(url: str):
+    """This process's fsspec filesystem for ``url``'s protocol, opened on first use."""
+    protocol = protocol_of(url)
+    key = (os.getpid(), protocol)
+    if key not in _filesystems:
+        import fsspec
+
+        options = dict(_settings.options)
+        if protocol in ("s3", "s3a"):
+            # Each attempt waits at most timeout_s; the whole call is bounded in call() as well.
+            config = dict(options.pop("config_kwargs", None) or {})
+            config.setdefault("connect_timeout", _settings.timeout_s)
+            config.setdefault("read_timeout", _settings.timeout_s)
+            # One attempt per request: call() alone retries (back-off with jitter, the give-up
+            # clock shared by every process); botocore's and s3fs's own retries would stack.
+            config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+            # Which rank asked, in the store's access log: User-Agent "... cocodet/rank-N" (RANK,
+            # else LOCAL_RANK: Lightning's launcher sets only the latter on one host).
+            rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+            config.setdefault("user_agent_extra", f"cocodet/rank-{rank}")
+            options["config_kwargs"] = config
+        fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+        if hasattr(fs, "retries"):
+            fs.retries = 1
+        _filesystems[key] = fs
+    return _filesystems[key]
+
+
+def call(url: str, operation: str, method: str, *args, deadline: float | None = None):
+    """``method`` of the filesystem of ``url`` on ``args``: each attempt within ``deadline``
+    seconds (default ``timeout_s``), transient failures retried with capped exponential back-off
+    and full jitter while fewer than ``retries`` retries were made or less than ``give_up_s``
+    has passed since the first failure (whichever allows more), then :class:`StoreDown`."""
+    first_failure, retries = None, 0
+    while True:
+        try:
+            result = _attempt(url, operation, method, args, deadline or _settings.timeout_s)
+        except TRANSIENT as e:
+            now = time.monotonic()
+            first_failure = first_failure or now
+            failing = max(now - first_failure, _failing_for(now))
+            if retries >= _settings.retries and failing >= _settings.give_up_s:
+                raise StoreDown(redact(
+                    f"{url}: the store has failed {operation} for {failing:.0f} s ({retries} retries; last: {e}); "
+                    f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
+                    "if training had started: resume with the same command plus ckpt_path=last once the store "
+                    "answers")) from None
+            retries += 1
+            count("retries")
+            pause = random.uniform(0, min(BACKOFF_CAP_S, 0.1 * 2 ** retries))
+            time.sleep(min(pause, max(0.0, _settings.give_up_s - failing)) if retries > _settings.retries else pause)
+            continue
+        _answered()
+        if retries:
+            log.warning("%s: %s succeeded after %d retries (%.1f s)", url, operation, retries,
+                        time.monotonic() - first_failure)
+        return result
+
+
+def _attempt(url: str, operation: str, method: str, args: tuple, deadline: float):
+    """One request, with the store's failures turned into the errors above."""
+    fs = filesystem(url)
+    try:
+        if getattr(fs, "async_impl", False):
+            from fsspec.asyn import sync
+
+            return sync(fs.loop, getattr(fs, "_" + method), *args, timeout=deadline)
+        return getattr(fs, method)(*args)
+    except FileNotFoundError as e:
+        if "bucket" in str(e).lower() and "not exist" in str(e).lower():
+            raise StoreAccessError(redact(f"{url}: bucket {bucket_of(url)!r} does not exist ({operation}); "
+                                          "check dataset.root and the endpoint")) from None
+        raise FileNotFoundError(f"{url}: no such object (404 on {operation})") from None
+    except Exception as e:  # noqa: BLE001 - every other failure is classified below, never swallowed
+        endpoint = _settings.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
+        raise classified(url, operation, e, deadline, endpoint) from None
