@@ -1,6 +1,6 @@
 """A per-step probe of FCOS's box regression (issue 45), as a Lightning callback, and its table.
 
-    PYTHONPATH=benchmarks python train.py seed=1 augment.partner_pool=null model.detector.regression_bias=0.0 \\
+    PYTHONPATH=benchmarks python train.py seed=1 augment.partners=dataset model.detector.regression_bias=0.0 \\
         trainer.log_every_n_steps=1 +callbacks.probe._target_=collapse_probe.CollapseProbe \\
         +callbacks.probe.path=/tmp/collapse_probe.json hydra.run.dir=/tmp/collapse
     python benchmarks/collapse_probe.py /tmp/collapse_probe.json --steps 1 9 20 22 23 26 360

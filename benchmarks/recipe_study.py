@@ -14,7 +14,7 @@ resumes. The arms:
   beside them), so the run's own validation scores the average, and its ``last.ckpt`` also
   carries the raw weights (``current_model_state``), which ``mode=eval`` scores. One run per
   seed gives both sides of the EMA question, paired on the same trajectory;
-- ``whole``: bias 1, partners from the whole dataset (``augment.partner_pool=null``).
+- ``whole``: bias 1, partners from the whole dataset (``augment.partners=dataset``).
 
 The rule (issue 45, stated before any run): a change becomes the default only if its mean gain
 exceeds max(0.01, 2 x the pooled standard deviation of the two sides), on mAP (0.5:0.95) for
@@ -39,7 +39,7 @@ from partner_pool_study import pooled_std  # noqa: E402
 EMA_DECAY = "0.9998"  # README's suggestion; over 360 steps the warm-up ramp (1+n)/(10+n) sets the decay
 ARMS = {
     "default": ["augment.partner_pool=8", f"model.ema.decay={EMA_DECAY}"],
-    "whole": ["augment.partner_pool=null"],
+    "whole": ["augment.partners=dataset"],
     "before": ["augment.partner_pool=8", "model.detector.regression_bias=0.0"],
 }
 STATS = ("map", "map75", "map50")

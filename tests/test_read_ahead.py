@@ -58,8 +58,42 @@ def test_the_plan_reads_what_the_samples_read(coco_tiny, partners, monkeypatch):
     monkeypatch.setattr(dataset_module, "load_resized", lambda index, k, *a, **kw: loads.append(k) or real(index, k, *a, **kw))
     for key in list(EpochSampler(len(train), 3, True, pool=pool).epoch_keys(2))[:12]:
         loads.clear()
-        dataset._sample(key, lambda k, t: dataset._read(k, t))
+        dataset._sample(key, lambda k, t, position=None: dataset._read(k, t, position))
         assert loads == dataset.planned_reads(key), key
+
+
+def test_the_plan_reads_what_window_partners_read(coco_tiny, monkeypatch):
+    """Window partners at or before the sample's position come from the window cache, not the
+    store: planned_reads leaves them out. Past the epoch's first W + 1 positions the plan is the
+    reads exactly; among them a sample's own image may already be in the cache (an earlier sample
+    drew it as a partner ahead of itself), so there the plan is an upper bound."""
+    from cocodet.coco.splits import load_splits
+    from cocodet.data import dataset as dataset_module
+    from cocodet.data.dataset import DetectionDataset
+    from cocodet.data.window_cache import WindowCache
+    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.loader.rank_share import RankOrder
+    from cocodet.transforms.augment import Mosaic
+
+    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    window = 8
+    dataset = DetectionDataset(train, Mosaic(image_size=64, partners="window", partner_window=window), seed=3)
+    dataset.use_window(RankOrder(len(train), 3), WindowCache(window + 4, 64))
+    loads: list[int] = []
+    real = dataset_module.load_resized
+    monkeypatch.setattr(dataset_module, "load_resized", lambda index, k, *a, **kw: loads.append(k) or real(index, k, *a, **kw))
+    exact = 0
+    for key in list(EpochSampler(len(train), 3, True, window=window).epoch_keys(2))[:40]:
+        loads.clear()
+        dataset._sample(key, lambda k, t, position=None: dataset._read(k, t, position))
+        planned = dataset.planned_reads(key)
+        if key[2] > window:
+            assert loads == planned, key
+            exact += 1
+        else:
+            assert all(loads.count(k) <= planned.count(k) for k in loads), (key, loads, planned)
+    assert exact == 40 - window - 1
 
 
 def test_each_object_is_fetched_once_per_epoch_and_a_held_split_not_again(store, coco_tiny, tmp_path):

@@ -22,12 +22,14 @@ from cocodet.loader.epoch_sampler import EpochSampler
 from cocodet.loader.grouped_sampler import GroupedEpochSampler
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.pixel_cache import open_pixel_cache
+from cocodet.data.window_cache import WindowCache
 from cocodet.coco.splits import annotation_file, load_splits
 from cocodet.storage.prefetch import start_read_ahead
 from cocodet.storage.store import configure as configure_storage, counts as storage_counts, is_remote
 from cocodet.images.verify import verify_indexes
 from cocodet.errors import UserError
 from cocodet.loader.build import build_loader
+from cocodet.loader.rank_share import RankOrder
 from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.flat_batch import FlatBatch, restore, to_device
 from cocodet.loader.plan_record import LoaderPlan
@@ -136,7 +138,8 @@ class CocoDataModule(L.LightningDataModule):
         self._pin_checked = False
         self.first_batch_pinned: bool | None = None  # None: no batch went to CUDA
         self.group_aspect_ratio = group_aspect_ratio  # train batches from one aspect-ratio bin (None: not grouped)
-        self.stream = StreamLedger(batch_size, seed, group_aspect_ratio)  # position, digest, consumption (design §5)
+        self.stream = StreamLedger(batch_size, seed, group_aspect_ratio, recipe.partner_window or None)  # design §5
+        self.window_cache = None  # window partners' shared pixels (data/window_cache.py), made with the train sampler
 
     def _verify(self, on_bad_sample: str, max_image_pixels: int) -> None:
         """dataset.verify: scan every image once. With on_bad_sample=skip, the images found bad
@@ -178,7 +181,12 @@ class CocoDataModule(L.LightningDataModule):
         if shuffle and self.group_aspect_ratio:  # the train stream; validation keeps its order
             return GroupedEpochSampler(dataset.index.sizes, self.batch_size, self.group_aspect_ratio, self.seed,
                                        rank, world)
-        return EpochSampler(len(dataset), self.seed, shuffle, rank, world, pool=dataset.recipe.partner_pool)
+        window = dataset.recipe.partner_window if shuffle else 0
+        if window:  # window partners index this rank's order; the cache is made once, before any worker forks
+            if self.window_cache is None and dataset.pixel_cache is None and self.plan.window_slots:
+                self.window_cache = WindowCache(self.plan.window_slots, dataset.recipe.decode_size)
+            dataset.use_window(RankOrder(len(dataset), self.seed, rank, world), self.window_cache)
+        return EpochSampler(len(dataset), self.seed, shuffle, rank, world, pool=dataset.recipe.partner_pool, window=window)
 
     def state_dict(self) -> dict:
         """Where the train stream stands and the digest of what it delivered, for checkpoints."""
@@ -240,6 +248,10 @@ class CocoDataModule(L.LightningDataModule):
             self.read_ahead.advance(batch.images.shape[0])
 
     def teardown(self, stage: str) -> None:
+        if self.window_cache is not None and stage == "fit":
+            self.train_set.use_window(self.train_set.rank_order, None)
+            self.window_cache.close()
+            self.window_cache = None
         if self.read_ahead is not None:
             self.read_ahead.stop()
             self.read_ahead_record = self.read_ahead.summary()

@@ -23,6 +23,7 @@ EVAL_SPLITS = ("val", "train")
 EXPORT_FORMATS = ("torchscript", "onnx")
 EVAL_BACKENDS = ("faster", "pycocotools")
 ON_COLLAPSE = ("warn", "stop")
+PARTNERS = ("window", "pool", "dataset")  # where mosaic partners come from (transforms/augment.py)
 
 # The dataset group's keys: the CocoDataModule arguments a config gives (its runtime arguments,
 # the recipe, plan, batch sizes, seed and run dir, come from other groups). A key outside this
@@ -140,6 +141,9 @@ RULES = (
     Rule("augment.flip_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.mosaic_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.partner_pool", _int(2), "an integer >= 2, or null for partners from the whole dataset",
+         optional=True),
+    _choice("augment.partners", PARTNERS, optional_means="(decided by augment.partner_pool: an integer means pools, null the whole dataset)"),
+    Rule("augment.partner_window", _int(2), "an integer >= 2 (positions of the epoch order partners come from)",
          optional=True),
     Rule("augment.translate", _number(0.0, 1.0), "a fraction of the image side in [0, 1]", optional=True),
     Rule("augment.min_visibility", _number(0.0, 1.0), "a fraction in [0, 1]", optional=True),

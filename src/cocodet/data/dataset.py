@@ -5,12 +5,21 @@ every transform, a bad sample's replacement) from ``np.random.default_rng((seed,
 The sampler hands out ``(epoch, i, pool)`` keys, so persistent workers learn the epoch with
 each key instead of from state that would stay behind in a worker replica.
 
-One decode per sample: mosaic partners are drawn from the sample's *pool*, the aligned run
-of ``partner_pool`` consecutive samples of the epoch order it belongs to. The DataLoader
-hands a worker the keys of a whole batch (or part) at once (``__getitems__``), so each pool
-member is decoded once and serves as a primary and as the partners that drew it. Pools
-depend only on (seed, epoch, rank, world size): never on the batch size, how a batch is
-split into parts, the worker count or the pixel cache.
+Mosaic partners come from one of three places (``augment.partners``, ``transforms/augment.py``):
+
+- a *window* (the default): a sample at position p of its rank's epoch order draws each partner
+  from the W = ``partner_window`` positions before p; at the epoch's start (p < W), from the
+  first W + 1 positions other than p. The images there were decoded moments ago by the samples
+  at those positions, and the window cache (``data/window_cache.py``) shares their pixels
+  between the workers, so a sample costs about one decode. The choice depends on (seed, epoch,
+  the rank's order, p, W) alone; the cache only makes reads faster, never other.
+- a *pool*: the aligned run of ``partner_pool`` consecutive samples of the epoch order. The
+  DataLoader hands a worker a whole batch (or part) at once (``__getitems__``), so each pool
+  member is decoded once and serves as a primary and as the partners that drew it.
+- the whole dataset: any image, up to four decodes per sample.
+
+None of them depends on the batch size, how a batch is split into parts, the worker count or
+a cache.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from cocodet.transforms.recipe import Recipe
 from cocodet.coco.bad_samples import skip_record
 from cocodet.coco.index import CocoIndex
 from cocodet.errors import BadSampleError
-from cocodet.images.read import Source, load_resized
+from cocodet.images.read import Source, clip_targets, load_resized
 from cocodet.transforms.recipe import to_original
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet import schema
@@ -58,6 +67,13 @@ class DetectionDataset(torch.utils.data.Dataset):
         # copies each batch before the next call, never for callers that keep samples.
         self.reuse_outputs = reuse_outputs
         self._outputs: list[np.ndarray] = []
+        self.rank_order = None  # window partners: this rank's epoch order (loader/rank_share.RankOrder)
+        self.window_cache = None  # window partners: the pixels shared between workers (data/window_cache.py)
+
+    def use_window(self, rank_order, window_cache=None) -> None:
+        """Window partners index this rank's epoch order; ``window_cache`` (None: every read
+        decodes) is set in the main process before the workers fork."""
+        self.rank_order, self.window_cache = rank_order, window_cache
 
     def __len__(self) -> int:
         return len(self.index)
@@ -68,16 +84,32 @@ class DetectionDataset(torch.utils.data.Dataset):
             raise error
         return skip_record(error, epoch, index, role)
 
-    def _load(self, k: int, timings: np.ndarray) -> Source:
+    def _load(self, k: int, timings: np.ndarray, position: int | None = None) -> Source:
         if k in self._bad:
             raise self._bad[k]
         try:
-            return self._read(k, timings)
+            return self._read(k, timings, position)
         except BadSampleError as e:
             self._bad[k] = e
             raise
 
-    def _read(self, k: int, timings: np.ndarray) -> Source:
+    def _read(self, k: int, timings: np.ndarray, position: int | None = None) -> Source:
+        """Image k; ``position``: where it stands in the rank's epoch order (window partners):
+        the window cache's slot, read if it holds k, else filled after the decode."""
+        if self.window_cache is not None and position is not None:
+            t0 = time.perf_counter()
+            found = self.window_cache.get(position, k)
+            if found is not None:
+                image, orig_hw, scale = found
+                boxes, labels = clip_targets(self.index, k, *orig_hw, self.recipe.min_box_side)
+                timings[0] += time.perf_counter() - t0
+                return Source(image, boxes * np.float32(scale), labels, orig_hw, scale)
+            source = self._decode(k, timings)
+            self.window_cache.put(position, k, source.image, source.orig_hw, source.scale)
+            return source
+        return self._decode(k, timings)
+
+    def _decode(self, k: int, timings: np.ndarray) -> Source:
         if self.pixel_cache is not None:
             t0 = time.perf_counter()
             try:
@@ -91,9 +123,20 @@ class DetectionDataset(torch.utils.data.Dataset):
     def planned_reads(self, key: Any) -> list[int]:
         """The dataset indices sample ``key`` reads when every image is good, in the order
         :meth:`_sample` reads them: the same draws from the same generator (the read-ahead's
-        plan, ``storage/prefetch.py``; ``tests/test_read_ahead.py`` compares it with the reads)."""
+        plan, ``storage/prefetch.py``; ``tests/test_read_ahead.py`` compares it with the reads).
+        With the window cache, a window partner at or before the sample's position is a cache
+        read, not an object read, and is left out; among the epoch's first W + 1 positions the
+        sample's own image may be in the cache already (an earlier sample drew it as a partner
+        ahead of itself), so there the plan is an upper bound."""
         epoch, i, pool = _unpack(key)
         rng = np.random.default_rng((self.seed, epoch, i))
+        if isinstance(pool, int):  # window partners at or before the sample's position come from the window cache
+            order, p, reads = self.rank_order(epoch), pool, [i]
+            for _ in range(self.recipe.partners(rng)):
+                q = window_position(p, len(order), self.recipe.partner_window, rng)
+                if q is not None and (q > p or self.window_cache is None):
+                    reads.append(int(order[q]))
+            return reads
         others = [j for j in pool if j != i] or [i] if pool else None
         return [i] + [int(others[rng.integers(len(others))]) if others else int(rng.integers(len(self.index)))
                       for _ in range(self.recipe.partners(rng))]
@@ -105,10 +148,10 @@ class DetectionDataset(torch.utils.data.Dataset):
         """Build the samples of ``keys`` (one batch or part) decoding each image once."""
         loaded: dict[int, Source | BadSampleError] = {}
 
-        def load(k: int, timings: np.ndarray) -> Source:
+        def load(k: int, timings: np.ndarray, position: int | None = None) -> Source:
             if k not in loaded:
                 try:
-                    loaded[k] = self._load(k, timings)
+                    loaded[k] = self._load(k, timings, position)
                 except BadSampleError as e:
                     loaded[k] = e
             if isinstance(loaded[k], BadSampleError):
@@ -130,10 +173,10 @@ class DetectionDataset(torch.utils.data.Dataset):
         rng = np.random.default_rng((self.seed, epoch, i))
         timings = np.zeros(4, dtype=np.float64)  # read, decode, augment seconds; decodes
         skipped: list[dict] = []
-        k = i
+        k, position = i, (pool if isinstance(pool, int) else None)  # a window key's third part: its position
         for _ in range(MAX_REPLACEMENTS):
             try:
-                primary = load(k, timings)
+                primary = load(k, timings, position if k == i else None)
                 break
             except BadSampleError as e:
                 skipped.append(self._skip_record(e, epoch, k, "sample"))
@@ -141,8 +184,38 @@ class DetectionDataset(torch.utils.data.Dataset):
         else:
             raise RuntimeError(f"{MAX_REPLACEMENTS} bad samples in a row starting at index {i}: "
                                f"last {skipped[-1]}; run with dataset.verify=true to list them all")
-        partners = []
         wanted = self.recipe.partners(rng)
+        if position is not None:
+            partners = self._window_partners(epoch, i, position, wanted, rng, load, timings, primary, skipped)
+        else:
+            partners = self._pool_partners(epoch, i, pool, wanted, rng, load, timings, primary, skipped)
+        t0 = time.perf_counter()
+        out = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
+        timings[2] = time.perf_counter() - t0
+        return make_sample(out.image, out.boxes, out.labels, (epoch, i), int(self.index.image_ids[k]),
+                           to_original(primary.orig_hw, primary.scale, out.scale),
+                           stage_seconds=timings[:3], pad_share=out.pad_share, decodes=int(timings[3]),
+                           skipped=skipped)
+
+    def _window_partners(self, epoch, i, p, wanted, rng, load, timings, primary, skipped) -> list[Source]:
+        """Partners from the window before position ``p`` (a bad one is recorded and drawn again)."""
+        order, partners = self.rank_order(epoch), []
+        while len(partners) < wanted:
+            q = window_position(p, len(order), self.recipe.partner_window, rng)
+            if q is None:  # the rank's order holds this sample alone
+                partners.append(primary)
+                continue
+            try:
+                partners.append(load(int(order[q]), timings, q))
+            except BadSampleError as e:
+                skipped.append(self._skip_record(e, epoch, int(order[q]), "mosaic_partner"))
+                if len(skipped) > MAX_REPLACEMENTS:
+                    raise RuntimeError(f"too many bad mosaic partners around index {i}: {skipped[-1]}") from e
+        return partners
+
+    def _pool_partners(self, epoch, i, pool, wanted, rng, load, timings, primary, skipped) -> list[Source]:
+        """Partners from the sample's pool, or (no pool) from the whole dataset."""
+        partners = []
         # The pool without the sample itself (itself only when the pool has no other member);
         # no pool (a plain key): the whole dataset.
         others = [j for j in pool if j != i] or [i] if pool else None
@@ -159,17 +232,24 @@ class DetectionDataset(torch.utils.data.Dataset):
                     others = [o for o in others if o != j]
                 if len(skipped) > MAX_REPLACEMENTS:
                     raise RuntimeError(f"too many bad mosaic partners around index {i}: {skipped[-1]}") from e
-        t0 = time.perf_counter()
-        out = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
-        timings[2] = time.perf_counter() - t0
-        return make_sample(out.image, out.boxes, out.labels, (epoch, i), int(self.index.image_ids[k]),
-                           to_original(primary.orig_hw, primary.scale, out.scale),
-                           stage_seconds=timings[:3], pad_share=out.pad_share, decodes=int(timings[3]),
-                           skipped=skipped)
+        return partners
 
 
-def _unpack(key: Any) -> tuple[int, int, tuple]:
-    """(epoch, i, pool) from a sampler key; a bare index is epoch 0 without a pool."""
+def window_position(p: int, n: int, window: int, rng: np.random.Generator) -> int | None:
+    """A window partner's position in a rank's epoch order of ``n`` positions: one of the
+    ``window`` positions before ``p``; at the epoch's start (p < window), one of the first
+    window + 1 positions other than ``p``. One draw from ``rng``; None when the order holds
+    ``p`` alone."""
+    w = min(window, n - 1)
+    if w <= 0:
+        return None
+    r = int(rng.integers(w))
+    return p - 1 - r if p >= w else r + (r >= p)
+
+
+def _unpack(key: Any) -> tuple[int, int, tuple | int]:
+    """(epoch, i, pool) from a sampler key: a pool's tuple, a window key's position (an int), or
+    () for a key without either; a bare index is epoch 0 without a pool."""
     if isinstance(key, tuple):
         return (key[0], key[1], key[2]) if len(key) == 3 else (key[0], key[1], ())
     return 0, int(key), ()

@@ -12,7 +12,10 @@ class EpochSampler(torch.utils.data.Sampler):
     """Yields ``(epoch, i)`` keys; shuffles with a generator seeded by (seed, epoch).
 
     With ``pool`` > 1 each key also carries its pool: the aligned run of ``pool`` keys of
-    this rank's epoch order it belongs to (mosaic partners are drawn from it).
+    this rank's epoch order it belongs to (mosaic partners are drawn from it). With ``window``
+    > 0 each key carries its position ``p`` in this rank's epoch order instead, ``(epoch, i, p)``:
+    partners come from the ``window`` positions before it (``data/dataset.py``), and the dataset
+    computes the order itself (``rank_share.RankOrder``), once per epoch.
 
     Shards by rank for DDP (contiguous padding like DistributedSampler), so the stream of a
     rank depends only on (seed, epoch, rank, world size) — never on the worker count.
@@ -21,8 +24,8 @@ class EpochSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1,
-                 pool: int | None = 0):
-        self.size, self.seed, self.shuffle, self.pool = size, seed, shuffle, pool
+                 pool: int | None = 0, window: int = 0):
+        self.size, self.seed, self.shuffle, self.pool, self.window = size, seed, shuffle, pool, window
         self.rank, self.world_size, self.epoch = rank, world_size, 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -37,6 +40,10 @@ class EpochSampler(torch.utils.data.Sampler):
     def epoch_keys(self, epoch: int):
         """The keys of ``epoch`` for this rank."""
         mine = rank_indices(self.size, self.seed, epoch, self.rank, self.world_size, self.shuffle)  # padded by wrapping
+        if self.window:
+            for p, i in enumerate(mine):
+                yield (epoch, int(i), p)
+            return
         if not self.pool or self.pool <= 1:  # no pool: partners come from the whole dataset
             for i in mine:
                 yield (epoch, int(i))

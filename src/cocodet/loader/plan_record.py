@@ -51,6 +51,7 @@ class BatchGeometry:
     group_aspect_ratio: int | None = None  # train batches from one aspect-ratio bin (loader/grouped_sampler.py)
     group_note: str | None = None  # why a grouping asked for is not applied (mosaic)
     worker_working_bytes: int = 0  # the recipe's largest intermediate (SSD's zoom-out canvas), added to the footprint estimate
+    partner_window: int = 0  # mosaic's window partners (positions; 0: none), which the window cache serves
 
 
 @dataclass
@@ -87,6 +88,10 @@ class LoaderPlan:
     # Bytes of the shm budget each loader may use: its in-flight transfers plus the one its batch
     # or part in the main process holds (the step's batch, a part being joined).
     shm_split: dict | None = None
+    # The window cache (loader/window_plan.py): slots, bytes in anonymous shared memory, and why.
+    window_slots: int = 0
+    window_bytes: int = 0
+    window_note: str | None = None
 
     def for_stage(self, stage: str) -> "LoaderPlan":
         """The plan of the loader named ``stage`` ("val": the validation loader's)."""

@@ -123,6 +123,9 @@ def plan_table(plan) -> str:
                                    f"{mib(v.inflight_bytes)} in flight"))
         rows += [(f"val cap {c.name}", f"<= {c.limit} [{'APPLIED' if c.applied else 'ok'}] {c.reason}")
                  for c in v.caps if c.name == "shm"]
+    if plan.window_note:
+        rows.append(("window cache", f"{plan.window_slots} slots, {mib(plan.window_bytes)} in anonymous shared memory "
+                                     f"(memfd, not /dev/shm): {plan.window_note}"))
     rows += [("WARNING", w) for w in plan.warnings]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

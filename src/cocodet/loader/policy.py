@@ -19,6 +19,7 @@ from cocodet.loader.budget import (Cap, DEFAULT_WORKER_FOOTPRINT, MAIN_PROCESS_H
                                    memory_limit, parts_that_fit, shm_size_for, worker_memory)
 from cocodet.loader.plan_record import BatchGeometry, LoaderPlan, LoaderRequest
 from cocodet.loader.resources import HostResources
+from cocodet.loader.window_plan import slot_bytes, window_slots
 from cocodet.units import MiB
 
 
@@ -58,6 +59,10 @@ def plan_loader(request: LoaderRequest, batches: BatchGeometry, resources: HostR
         plan.warnings.append(batches.group_note)
     if budget.shm is not None:
         plan.shm_split = {"budget": budget.shm, "train": train.shm_bytes(), "val": val.shm_bytes()}
+    if batches.partner_window and batches.image_side:
+        plan.window_slots, plan.window_note = window_slots(batches.partner_window, batches.image_side,
+                                                           batches.batch_size, train, budget)
+        plan.window_bytes = plan.window_slots * slot_bytes(batches.image_side)
     return plan
 
 

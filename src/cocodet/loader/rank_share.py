@@ -32,3 +32,18 @@ def rank_indices(size: int, seed: int, epoch: int, rank: int, world_size: int, s
     """[per_rank] int64: rank ``rank``'s indices of ``epoch``, in the order it reads them."""
     order = np.resize(epoch_order(size, seed, epoch, shuffle), per_rank(size, world_size) * world_size)
     return order[rank::world_size]
+
+
+class RankOrder:
+    """One rank's epoch order as :func:`rank_indices` gives it, computed once per epoch in each
+    process that asks (a worker, the main process): what window partners index into."""
+
+    def __init__(self, size: int, seed: int, rank: int = 0, world_size: int = 1, shuffle: bool = True):
+        self.size, self.seed, self.rank, self.world_size, self.shuffle = size, seed, rank, world_size, shuffle
+        self._epoch, self._order = None, None
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            self._order = rank_indices(self.size, self.seed, epoch, self.rank, self.world_size, self.shuffle)
+            self._epoch = epoch
+        return self._order

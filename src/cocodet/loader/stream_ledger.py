@@ -21,8 +21,10 @@ class StreamLedger:
         batch_size, seed: what a saved position must match to continue exactly.
     """
 
-    def __init__(self, batch_size: int, seed: int, group_aspect_ratio: int | None = None):
+    def __init__(self, batch_size: int, seed: int, group_aspect_ratio: int | None = None,
+                 partner_window: int | None = None):
         self.batch_size, self.seed, self.group_aspect_ratio = batch_size, seed, group_aspect_ratio
+        self.partner_window = partner_window
         self.position: StreamPosition | None = None
         self.digest = ""
         self.consumed: dict[int, list[np.ndarray]] = {}  # epoch -> the dataset indices the model took
@@ -31,7 +33,8 @@ class StreamLedger:
     def start(self, world_size: int) -> StreamPosition:
         """The position, created at the first loader of a run that did not resume."""
         if self.position is None:
-            self.position = StreamPosition(self.batch_size, self.seed, world_size, self.group_aspect_ratio)
+            self.position = StreamPosition(self.batch_size, self.seed, world_size, self.group_aspect_ratio,
+                                           self.partner_window)
         return self.position
 
     def consume(self, batch: FlatBatch, epoch: int) -> None:
@@ -61,7 +64,8 @@ class StreamLedger:
     def load_state_dict(self, state: dict, rank: int, world_size: int) -> None:
         """Restore what a checkpoint saved (before the train loader is built)."""
         if state.get("position"):
-            self.position = StreamPosition(self.batch_size, self.seed, world_size, self.group_aspect_ratio)
+            self.position = StreamPosition(self.batch_size, self.seed, world_size, self.group_aspect_ratio,
+                                           self.partner_window)
             self.position.load_state_dict(state["position"])  # refuses another rank count
             self.resume_pending = True
             self.resume_next_epoch = bool(state["position"].get("epoch_done"))

@@ -8,12 +8,14 @@ from cocodet.errors import UserError
 
 class StreamPosition:
     """Where the train stream stands: epoch, batches consumed in it, and what must match to
-    continue exactly (batch size, seed, rank count)."""
+    continue exactly (batch size, seed, rank count, aspect grouping, the partner window)."""
 
-    def __init__(self, batch_size: int, seed: int, world_size: int, group_aspect_ratio: int | None = None):
+    def __init__(self, batch_size: int, seed: int, world_size: int, group_aspect_ratio: int | None = None,
+                 partner_window: int | None = None):
         self.epoch, self.batches = 0, 0
         self.batch_size, self.seed, self.world_size = batch_size, seed, world_size
         self.group_aspect_ratio = group_aspect_ratio  # grouped batches are other batches (loader/grouped_sampler.py)
+        self.partner_window = partner_window  # window partners are other partners (data/dataset.py); None: no window
 
     def advance(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -22,7 +24,8 @@ class StreamPosition:
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batches": self.batches, "batch_size": self.batch_size, "seed": self.seed,
-                "world_size": self.world_size, "group_aspect_ratio": self.group_aspect_ratio}
+                "world_size": self.world_size, "group_aspect_ratio": self.group_aspect_ratio,
+                "partner_window": self.partner_window}
 
     def load_state_dict(self, state: dict) -> None:
         self.check(state)
@@ -36,10 +39,19 @@ class StreamPosition:
                               f"stream cannot continue exactly. Resume with {state['world_size']} rank(s) "
                               "(trainer.devices x trainer.num_nodes)")
         for key, name in (("batch_size", "loader.batch_size"), ("seed", "seed"),
-                          ("group_aspect_ratio", "loader.group_aspect_ratio")):
-            if state.get(key) != getattr(self, key):  # checkpoints from before grouping: ungrouped (None)
-                raise ResumeError(f"the checkpoint's {name} is {state[key]} and this run's is {getattr(self, key)}: the "
-                                  f"remaining batches would differ. Resume with {name}={state[key]}")
+                          ("group_aspect_ratio", "loader.group_aspect_ratio"),
+                          ("partner_window", "augment.partner_window")):
+            # Checkpoints from before grouping (or windows) hold no key: ungrouped, no window (None).
+            if state.get(key) != getattr(self, key):
+                raise ResumeError(f"the checkpoint's {name} is {state.get(key)} and this run's is {getattr(self, key)}: "
+                                  f"the remaining batches would differ. Resume with {_setting(name, state.get(key))}")
+
+
+def _setting(name: str, value) -> str:
+    """The override that gives a saved value back (a window of None: partners not from a window)."""
+    if name == "augment.partner_window" and value is None:
+        return "the partners the checkpoint used (augment.partners=dataset, or augment.partner_pool=N)"
+    return f"{name}={value if value is not None else 'null'}"
 
 
 class ResumeError(UserError):

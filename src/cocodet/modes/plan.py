@@ -17,6 +17,23 @@ from cocodet.loader.resources import HostResources
 log = logging.getLogger(__name__)
 
 
+def partner_words(cfg) -> str:
+    """What the mosaic partners add to a rank's object reads (none for pools: they are the batch's own)."""
+    from cocodet.modes.wiring import partner_window
+    from cocodet.transforms.augment import partner_source
+
+    if cfg.augment.get("mosaic_p") is None:
+        return ""
+    aug = cfg.augment
+    source = partner_source(aug.get("partners"), aug.get("partner_window"), aug.get("partner_pool"))
+    if source == "dataset":
+        return ", plus the mosaic partners it draws from the whole dataset"
+    if source == "window":
+        return (f", plus the window partners of the first {partner_window(cfg)} positions of each epoch (later ones are "
+                "read from the window cache, not the store)")
+    return ""
+
+
 def plan(cfg: DictConfig, loader_plan: LoaderPlan, resources: HostResources, run_dir: Path) -> dict:
     from cocodet.coco.splits import load_splits
     from cocodet.modes.wiring import train_keep_empty
@@ -48,12 +65,12 @@ def remote_reads(cfg: DictConfig, train, loader_plan: LoaderPlan) -> dict:
     objects = np.unique(mine)
     bytes_ = sum(sizes.get(str(train.paths[k]), {}).get("size", 0) for k in objects)
     shared = padding(len(train), ranks.world_size)
-    partners = cfg.augment.get("mosaic_p") is not None and cfg.augment.get("partner_pool") is None
+    partners = partner_words(cfg)
     log.info("remote root %s: this rank%s reads %s%d of %d train objects, %.1f MiB per epoch%s%s; each request waits "
              "at most dataset.remote.timeout_s=%g s", cfg.dataset.root, ranks.label(), "about " if grouped else "",
              len(objects), len(train), bytes_ / 2**20,
              f"; {shared} images of each epoch's order are read by two ranks (the sampler pads by wrapping)"
-             if shared else "", ", plus the mosaic partners it draws from the whole dataset" if partners else "",
+             if shared else "", partners,
              float(cfg.dataset.remote.timeout_s))
     return {"root": str(cfg.dataset.root), "objects_per_epoch": int(len(objects)), "bytes_per_epoch": int(bytes_),
             "listed_objects": len(sizes), "shared_by_two_ranks": shared, "approximate": grouped,

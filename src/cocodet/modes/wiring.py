@@ -19,7 +19,7 @@ from cocodet.loader.worker_request import worker_request
 from cocodet.loader.replan import Replanner
 from cocodet.loader.resources import HostResources, local_ranks, probe, uses_cuda
 from cocodet.ranks import Ranks, read_ranks
-from cocodet.transforms.augment import Mosaic
+from cocodet.transforms.augment import Mosaic, partner_source
 from cocodet.transforms.recipe import Recipe
 from cocodet.transforms.reference_presets import ReferencePreset
 from cocodet.transforms.ssd_presets import FixedResize
@@ -91,9 +91,19 @@ def batch_geometry(cfg: DictConfig) -> BatchGeometry:
     working = recipe.working_bytes() if recipe is not None else 0
     group, note = group_factor(cfg)
     return BatchGeometry(batch, batch_bytes(batch, train_side), val_batch_size=val, val_batch_bytes=val_bytes,
-                         partner_pool=cfg.augment.get("partner_pool") or 0, image_side=round_up(train_side),
+                         partner_pool=cfg.augment.get("partner_pool") or 0, partner_window=partner_window(cfg),
+                         image_side=round_up(train_side),
                          val_image_side=round_up(val_side), group_aspect_ratio=group, group_note=note,
                          worker_working_bytes=working)
+
+
+def partner_window(cfg: DictConfig) -> int:
+    """Mosaic's window W when its partners come from a window (augment.partners=window), else 0."""
+    if not _is_recipe(cfg, Mosaic):
+        return 0
+    aug = cfg.augment
+    source = partner_source(aug.get("partners"), aug.get("partner_window"), aug.get("partner_pool"))
+    return int(aug.partner_window) if source == "window" else 0
 
 
 def group_factor(cfg: DictConfig) -> tuple[int | None, str | None]:

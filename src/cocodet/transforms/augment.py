@@ -38,6 +38,26 @@ def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, 
     return lo, hi, a, b
 
 
+def partner_source(partners: str | None, partner_window: int | None, partner_pool: int | None) -> str:
+    """``window``, ``pool`` or ``dataset``: where a mosaic's partners come from, as the augment
+    keys say it (checked here, so the plan and the recipe read them one way)."""
+    schema.check("augment.partners", partners)
+    schema.check("augment.partner_window", partner_window)
+    schema.check("augment.partner_pool", partner_pool)
+    if partner_pool is not None and partners in (None, "window", "pool"):
+        return "pool"  # an integer pool selects pools, as it did before windows
+    if partners is None:
+        return "dataset"
+    if partners == "pool":
+        raise schema.ConfigError("augment.partners=pool needs augment.partner_pool (the pool's size, e.g. 8)")
+    if partners == "dataset" and partner_pool is not None:
+        raise schema.ConfigError(f"augment.partners=dataset and augment.partner_pool={partner_pool} contradict each "
+                                 "other: set augment.partner_pool=null, or augment.partners=pool")
+    if partners == "window" and partner_window is None:
+        raise schema.ConfigError("augment.partners=window needs augment.partner_window (positions, e.g. 48)")
+    return partners
+
+
 class Basic(Recipe):
     """Letterbox + horizontal flip (albumentations, as the recipe users extend)."""
 
@@ -81,20 +101,30 @@ class Mosaic(Recipe):
         center_range: the mosaic centre's range as fractions of the 2s canvas side.
         min_box_px: boxes narrower or lower than this (output pixels) are dropped.
         min_visibility: boxes keeping less than this fraction of their area are dropped.
-        partner_pool: partners are drawn from the aligned run of this many consecutive samples
-            of the epoch order the sample belongs to, so a batch decodes each image once;
-            None: partners drawn from the whole dataset (up to four decodes per sample).
+        partners: where the three partners of a mosaic come from (:func:`partner_source`):
+            ``window``, the ``partner_window`` positions of this rank's epoch order before the
+            sample (images the workers decoded moments ago, shared through the window cache);
+            ``pool``, the aligned run of ``partner_pool`` samples it belongs to (a batch decodes
+            each image once, but each image meets the same few all epoch); ``dataset``, any
+            image (up to four decodes per sample). None: ``pool`` if ``partner_pool`` is set,
+            else ``dataset`` (what ``partner_pool`` alone meant before windows).
+        partner_window: the window's length W (positions), with ``partners=window``.
+        partner_pool: the pool's size, with ``partners=pool``; an integer also selects pools
+            when ``partners`` is ``window`` (the command line's ``augment.partner_pool=8``).
     """
 
     def __init__(self, image_size: int, scale: tuple[float, float] = (0.5, 1.5), translate: float = 0.1,
                  hsv: tuple[int, int, int] = (10, 40, 30), flip_p: float = 0.5, mosaic_p: float = 1.0,
                  center_range: tuple[float, float] = (0.3, 0.7), min_box_px: float = 2.0,
-                 min_visibility: float = 0.1, partner_pool: int | None = None):
+                 min_visibility: float = 0.1, partner_pool: int | None = None, partners: str | None = None,
+                 partner_window: int | None = None):
         super().__init__(image_size)
         self.scale, self.translate, self.hsv = tuple(scale), float(translate), tuple(hsv)
         self.flip_p, self.mosaic_p, self.center_range = flip_p, mosaic_p, tuple(center_range)
         self.min_box_px, self.min_visibility = min_box_px, min_visibility
-        self.partner_pool = schema.check("augment.partner_pool", partner_pool)
+        self.partners_from = partner_source(partners, partner_window, partner_pool)
+        self.partner_pool = partner_pool if self.partners_from == "pool" else None
+        self.partner_window = int(partner_window) if self.partners_from == "window" else 0
 
     def partners(self, rng):
         return 3 if rng.random() < self.mosaic_p else 0

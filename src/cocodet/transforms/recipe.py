@@ -54,6 +54,7 @@ class Recipe:
     """
 
     partner_pool = 0  # partners come from aligned runs of this many samples (0: no pools)
+    partner_window = 0  # partners come from this many positions of the epoch order before the sample (0: no window)
     min_box_side = 1.0  # boxes narrower or lower than this after clipping to the stored image are dropped
     keep_empty: bool | str = True  # what dataset.keep_empty=null means for this recipe's train split
 

@@ -1,0 +1,176 @@
+"""Window partners (issue 54): mosaic partners from the W positions of a rank's epoch order before
+the sample, their pixels shared between the workers through the window cache. The stream is a
+function of (seed, epoch, the rank's order, position, W) alone; the cache changes speed, never
+pixels; a slot is never read torn, and a claim is decided by a live process's lock."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from conftest import is_root, run_in_process, run_train
+from cocodet.data.dataset import window_position
+from cocodet.data.window_cache import HEADER, WindowCache
+from cocodet.errors import ConfigError
+from cocodet.loader.stream_position import ResumeError, StreamPosition
+from cocodet.transforms.augment import Mosaic, partner_source
+
+
+def test_a_window_partner_is_one_of_the_w_positions_before_the_sample():
+    rng = np.random.default_rng(0)
+    n, w = 100, 8
+    for p in range(n):
+        drawn = {window_position(p, n, w, rng) for _ in range(400)}
+        expected = set(range(p - w, p)) if p >= w else set(range(w + 1)) - {p}  # the epoch's start: the first W + 1
+        assert drawn == expected, p
+    assert window_position(0, 1, w, rng) is None  # an order of one position: no partner to draw
+    assert {window_position(1, 3, w, rng) for _ in range(100)} == {0, 2}  # shorter than W: the whole order but p
+
+
+def test_partner_settings_resolve_one_way():
+    assert partner_source("window", 48, None) == "window"
+    assert partner_source("window", 48, 8) == "pool"  # augment.partner_pool=8 on the command line still means pools
+    assert partner_source(None, None, None) == "dataset"  # Mosaic(partner_pool=None): what it meant before windows
+    assert partner_source("dataset", 48, None) == "dataset"
+    with pytest.raises(ConfigError, match="partner_pool"):
+        partner_source("pool", 48, None)
+    with pytest.raises(ConfigError, match="contradict"):
+        partner_source("dataset", None, 8)
+    with pytest.raises(ConfigError, match="augment.partners"):
+        partner_source("windw", 48, None)
+    m = Mosaic(64, partners="window", partner_window=16)
+    assert (m.partner_window, m.partner_pool, m.partners_from) == (16, None, "window")
+
+
+def image_of(index: int, h: int = 40, w: int = 64) -> np.ndarray:
+    return np.full((h, w, 3), index % 251, np.uint8)
+
+
+def test_the_cache_returns_what_was_published_as_a_copy():
+    cache = WindowCache(4, 64)
+    assert cache.get(2, 7) is None
+    assert cache.put(2, 7, image_of(7), (480, 768), 0.0833)
+    image, orig_hw, scale = cache.get(6, 7)  # position 6 shares slot 2 with position 2: keyed by the dataset index
+    assert np.array_equal(image, image_of(7)) and orig_hw == (480, 768) and scale == 0.0833
+    image[:] = 0  # a recipe writing into what it read changes nothing shared
+    assert np.array_equal(cache.get(2, 7)[0], image_of(7))
+    assert cache.get(2, 8) is None  # another image in that slot's place: a miss, never the wrong pixels
+    assert not cache.put(3, 9, image_of(9, 80, 80), (80, 80), 1.0)  # larger than a slot: not published
+    cache.close()
+
+
+def test_a_slot_rewritten_by_other_processes_is_never_read_torn():
+    """Four forked writers publish different images into the same two slots as fast as they can;
+    every hit the reader gets is one whole image, with the header that belongs to it."""
+    cache = WindowCache(2, 256)
+    children = []
+    for writer in range(4):
+        pid = os.fork()
+        if pid == 0:
+            deadline = time.monotonic() + 1.5
+            k = writer
+            while time.monotonic() < deadline:
+                cache.put(k % 2, k, image_of(k, 200, 256), (k, k + 1), float(k))
+                k += 4
+            os._exit(0)
+        children.append(pid)
+    hits = 0
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        for slot in (0, 1):
+            index = int(cache.headers[slot]["index"])
+            found = cache.get(slot, index)
+            if found is not None:
+                image, orig_hw, scale = found
+                assert (image == index % 251).all() and orig_hw == (index, index + 1) and scale == index
+                hits += 1
+    for pid in children:
+        assert os.waitpid(pid, 0)[1] == 0
+    assert hits > 50 and cache.misses > 0, (hits, cache.misses)
+
+
+def test_a_writer_killed_mid_write_leaves_a_miss_and_loses_its_claim():
+    cache = WindowCache(4, 64)
+    cache.put(1, 5, image_of(5), (64, 64), 1.0)
+    pid = os.fork()
+    if pid == 0:  # claim the slot, mark it being written, write half an image, die
+        assert cache.claims.try_claim(1)
+        gen = int(cache.headers[1]["gen"])
+        os.pwrite(cache.fd, np.int64(gen + 1).tobytes(), 1 * HEADER.itemsize)
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert cache.get(1, 5) is None  # a half-written slot is a miss
+    assert cache.put(1, 6, image_of(6), (64, 64), 1.0)  # the dead writer's claim went with it: no clock involved
+    assert np.array_equal(cache.get(1, 6)[0], image_of(6))
+    cache.close()
+
+
+def test_a_live_claim_is_held_however_long_it_takes():
+    cache = WindowCache(4, 64)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        cache.claims.try_claim(3)
+        os.write(ready_w, b"x")
+        os.read(go_r, 1)  # a slow writer: holds its claim until told
+        os._exit(0)
+    os.read(ready_r, 1)
+    assert not cache.put(3, 1, image_of(1), (64, 64), 1.0)  # the other process is writing this slot
+    assert cache.put(2, 1, image_of(1), (64, 64), 1.0)  # other slots are free
+    os.write(go_w, b"x")
+    os.waitpid(pid, 0)
+    assert cache.put(3, 1, image_of(1), (64, 64), 1.0)
+    cache.close()
+
+
+def test_a_resume_with_another_window_is_refused_naming_both():
+    saved = StreamPosition(8, 0, 1, None, 48).state_dict()
+    with pytest.raises(ResumeError, match=r"augment.partner_window is 48 and this run's is 32.*augment.partner_window=48"):
+        StreamPosition(8, 0, 1, None, 32).load_state_dict(saved)
+    with pytest.raises(ResumeError, match="is None and this run's is 48"):
+        StreamPosition(8, 0, 1, None, 48).load_state_dict(StreamPosition(8, 0, 1).state_dict())
+    StreamPosition(8, 0, 1, None, 48).load_state_dict(saved)
+
+
+def bench_args(coco_tiny, *extra):
+    return ["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=192", "loader.batch_size=8", "bench.batches=25", "bench.warmup=0", "bench.digest_batches=25",
+            "bench.decode_probe=0", "augment.partner_window=16", *extra]
+
+
+def test_window_partners_keep_the_stream_contract(coco_tiny, tmp_path):
+    """0, 1, 2 and 4 workers, parts that split batches, and the pixel cache (which turns the
+    window cache off): one stream over three epochs. With the window cache a sample costs about
+    one decode; the whole-dataset stream is another one."""
+    digests, decodes = {}, {}
+    for name, extra in {"w0": ["loader.num_workers=0"], "w1": ["loader.num_workers=1"],
+                        "w2": ["loader.num_workers=2"], "w4": ["loader.num_workers=4"],
+                        "parts3": ["loader.num_workers=2", "loader.part_images=3"],
+                        "ram": ["loader.num_workers=2", "dataset.cache=ram"]}.items():
+        s = run_in_process(bench_args(coco_tiny, "loader=explicit", *extra), tmp_path / name)
+        assert s["digest_batches"] == 25 and len(s["epochs"]) == 3, name
+        digests[name], decodes[name] = s["batch_digest"], s["decodes_per_sample"]
+    assert len(set(digests.values())) == 1, digests
+    assert decodes["w0"] < 1.4 and decodes["w2"] < 1.6 and decodes["ram"] == 0, decodes
+    whole = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.num_workers=2", "augment.partners=dataset"),
+                           tmp_path / "whole")
+    assert whole["batch_digest"] != digests["w2"] and whole["decodes_per_sample"] > 2.5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare")
+def test_window_partners_in_a_64mb_shm_match_an_unconstrained_run(coco_tiny, tmp_path):
+    """Docker's default /dev/shm: the window cache lives in anonymous shared memory, not there;
+    the plan says so, and the stream is the unconstrained run's."""
+    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+              'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"', "sh"]
+    args = bench_args(coco_tiny, "dataset.image_size=640", "bench.batches=12", "bench.digest_batches=12")
+    _, small = run_train(args, tmp_path / "small", prefix=prefix)
+    _, free = run_train(args, tmp_path / "free")
+    assert small["shm_free_bytes"] <= 64 << 20 and small["window_slots"] > 16
+    assert small["batch_digest"] == free["batch_digest"]
