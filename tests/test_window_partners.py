@@ -51,16 +51,22 @@ def image_of(index: int, h: int = 40, w: int = 64) -> np.ndarray:
     return np.full((h, w, 3), index % 251, np.uint8)
 
 
-def test_the_cache_returns_what_was_published_as_a_copy():
+def test_the_cache_returns_what_was_published_and_nothing_can_write_into_it():
     cache = WindowCache(4, 64)
     assert cache.get(2, 7) is None
     assert cache.put(2, 7, image_of(7), (480, 768), 0.0833)
-    image, orig_hw, scale = cache.get(6, 7)  # position 6 shares slot 2 with position 2: keyed by the dataset index
-    assert np.array_equal(image, image_of(7)) and orig_hw == (480, 768) and scale == 0.0833
-    image[:] = 0  # a recipe writing into what it read changes nothing shared
+    image, orig_hw, scale, token = cache.get(6, 7)  # position 6 shares slot 2 with position 2: keyed by the dataset index
+    assert np.array_equal(image, image_of(7)) and orig_hw == (480, 768) and scale == 0.0833 and cache.intact(token)
+    with pytest.raises(ValueError, match="read-only"):
+        image[:] = 0  # a recipe writing into what it read raises; nothing shared changes
+    copied = cache.get(2, 7, copy=True)[0]
+    copied[:] = 0
     assert np.array_equal(cache.get(2, 7)[0], image_of(7))
     assert cache.get(2, 8) is None  # another image in that slot's place: a miss, never the wrong pixels
+    cache.put(2, 9, image_of(9), (64, 64), 1.0)
+    assert not cache.intact(token)  # the view read before is known stale
     assert not cache.put(3, 9, image_of(9, 80, 80), (80, 80), 1.0)  # larger than a slot: not published
+    del image
     cache.close()
 
 
@@ -85,10 +91,12 @@ def test_a_slot_rewritten_by_other_processes_is_never_read_torn():
         for slot in (0, 1):
             index = int(cache.headers[slot]["index"])
             found = cache.get(slot, index)
-            if found is not None:
-                image, orig_hw, scale = found
-                assert (image == index % 251).all() and orig_hw == (index, index + 1) and scale == index
-                hits += 1
+            if found is not None:  # a view: whole if the slot is still intact after it was read
+                image, orig_hw, scale, token = found
+                whole = bool((image == index % 251).all())
+                if cache.intact(token):
+                    assert whole and orig_hw == (index, index + 1) and scale == index
+                    hits += 1
     for pid in children:
         assert os.waitpid(pid, 0)[1] == 0
     assert hits > 50 and cache.misses > 0, (hits, cache.misses)
@@ -106,7 +114,7 @@ def test_a_writer_killed_mid_write_leaves_a_miss_and_loses_its_claim():
     os.waitpid(pid, 0)
     assert cache.get(1, 5) is None  # a half-written slot is a miss
     assert cache.put(1, 6, image_of(6), (64, 64), 1.0)  # the dead writer's claim went with it: no clock involved
-    assert np.array_equal(cache.get(1, 6)[0], image_of(6))
+    assert np.array_equal(cache.get(1, 6, copy=True)[0], image_of(6))
     cache.close()
 
 
@@ -174,3 +182,42 @@ def test_window_partners_in_a_64mb_shm_match_an_unconstrained_run(coco_tiny, tmp
     _, free = run_train(args, tmp_path / "free")
     assert small["shm_free_bytes"] <= 64 << 20 and small["window_slots"] > 16
     assert small["batch_digest"] == free["batch_digest"]
+
+
+def test_a_sample_built_from_a_slot_rewritten_meanwhile_is_built_again(coco_tiny):
+    """The dataset reads partners as views into the cache and checks them once the sample is
+    built: a slot another worker rewrote while the recipe read it makes the sample be built
+    again, with the pixels a decode gives."""
+    from cocodet.coco.splits import load_splits
+    from cocodet.data.dataset import DetectionDataset
+    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.loader.rank_share import RankOrder
+
+    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    keys = list(EpochSampler(len(train), 5, True, window=8).epoch_keys(1))[:24]
+
+    def dataset(cache):
+        d = DetectionDataset(train, Mosaic(image_size=96, partners="window", partner_window=8), seed=5)
+        d.use_window(RankOrder(len(train), 5), cache)
+        return d
+
+    expected = dataset(None).__getitems__(keys)
+    cache = WindowCache(16, 96)
+    cached = dataset(cache)
+    cached.__getitems__(keys[:20])  # fills the cache: the next keys' partners are hits
+    real, calls = cached.recipe.__call__, []
+
+    class Rewriting(Mosaic):  # another worker rewrites every slot while the first build reads it
+        def __call__(self, raw, rng, partner_raws, out=None):
+            calls.append(1)
+            if len(calls) == 1:
+                for slot in range(16):
+                    cache.put(slot, 10**6, np.zeros((96, 96, 3), np.uint8), (96, 96), 1.0)
+            return real(raw, rng, partner_raws, out)
+
+    cached.recipe.__class__ = Rewriting
+    got = cached.__getitems__(keys[20:21])
+    assert len(calls) == 2  # built, found stale, built again
+    assert np.array_equal(got[0]["image"], expected[20]["image"])
+    assert np.array_equal(got[0]["boxes"], expected[20]["boxes"])

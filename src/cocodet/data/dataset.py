@@ -69,6 +69,8 @@ class DetectionDataset(torch.utils.data.Dataset):
         self._outputs: list[np.ndarray] = []
         self.rank_order = None  # window partners: this rank's epoch order (loader/rank_share.RankOrder)
         self.window_cache = None  # window partners: the pixels shared between workers (data/window_cache.py)
+        self._views: dict[int, tuple] = {}  # id of a view into the window cache -> (image index, its token)
+        self._copy_reads = False  # read the window cache by copy (a sample's last try, after rewritten slots)
 
     def use_window(self, rank_order, window_cache=None) -> None:
         """Window partners index this rank's epoch order; ``window_cache`` (None: every read
@@ -98,18 +100,30 @@ class DetectionDataset(torch.utils.data.Dataset):
         the window cache's slot, read if it holds k, else filled after the decode."""
         if self.window_cache is not None and position is not None:
             t0 = time.perf_counter()
-            found = self.window_cache.get(position, k)
+            found = self.window_cache.get(position, k, copy=self._copy_reads)
             if found is not None:
-                image, orig_hw, scale = found
+                image, orig_hw, scale, token = found
+                if not self._copy_reads:  # a view: checked once the sample is built (_rewritten)
+                    self._views[id(image)] = (k, token)
                 boxes, labels = clip_targets(self.index, k, *orig_hw, self.recipe.min_box_side)
                 timings[0] += time.perf_counter() - t0
                 return Source(image, boxes * np.float32(scale), labels, orig_hw, scale)
-            source = self._decode(k, timings)
-            self.window_cache.put(position, k, source.image, source.orig_hw, source.scale)
+            with self.window_cache.publishing(position, k) as slot:  # the resize writes into the slot
+                source = self._decode(k, timings, slot.pixels if slot is not None else None)
+                published = slot.done(source.image, source.orig_hw, source.scale) if slot is not None else None
+            if published is not None:  # read, like any hit, as a checked read-only view (or a copy)
+                view, token = published
+                if self._copy_reads:
+                    view = view.copy()
+                if not self.window_cache.intact(token):  # rewritten at once by another process: decode again
+                    return self._decode(k, timings)
+                if not self._copy_reads:
+                    self._views[id(view)] = (k, token)
+                source = source._replace(image=view)
             return source
         return self._decode(k, timings)
 
-    def _decode(self, k: int, timings: np.ndarray) -> Source:
+    def _decode(self, k: int, timings: np.ndarray, dst_for=None) -> Source:
         if self.pixel_cache is not None:
             t0 = time.perf_counter()
             try:
@@ -118,7 +132,7 @@ class DetectionDataset(torch.utils.data.Dataset):
                 timings[0] += time.perf_counter() - t0
         timings[3] += 1
         return load_resized(self.index, k, self.recipe.decode_size, timings, self.max_image_pixels,
-                            self.recipe.min_box_side)
+                            self.recipe.min_box_side, dst_for)
 
     def planned_reads(self, key: Any) -> list[int]:
         """The dataset indices sample ``key`` reads when every image is good, in the order
@@ -158,6 +172,9 @@ class DetectionDataset(torch.utils.data.Dataset):
                 raise loaded[k]
             return loaded[k]
 
+        load.forget = lambda k: loaded.pop(k, None)  # a view whose slot was rewritten: read it again
+        self._views = {}
+
         hw = self.recipe.output_hw
         if self.reuse_outputs and hw is not None:  # outputs of varying size get fresh arrays
             while len(self._outputs) < len(keys):
@@ -168,7 +185,10 @@ class DetectionDataset(torch.utils.data.Dataset):
         # The collate learns which part it builds and whether the batch ends its epoch.
         return keys.with_samples(samples) if isinstance(keys, BatchKeys) else samples
 
-    def _sample(self, key: Any, load, out: np.ndarray | None = None) -> dict:
+    def _sample(self, key: Any, load, out: np.ndarray | None = None, tries: int = 0) -> dict:
+        """Sample ``key``; ``tries``: how often it was built from a window-cache slot that was
+        rewritten while it was read (its last try reads by copy)."""
+        self._copy_reads, buffer = tries >= 2, out
         epoch, i, pool = _unpack(key)
         rng = np.random.default_rng((self.seed, epoch, i))
         timings = np.zeros(4, dtype=np.float64)  # read, decode, augment seconds; decodes
@@ -192,10 +212,21 @@ class DetectionDataset(torch.utils.data.Dataset):
         t0 = time.perf_counter()
         out = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
         timings[2] = time.perf_counter() - t0
+        if self._views and self._rewritten(load, primary, partners):  # built from a slot rewritten meanwhile
+            return self._sample(key, load, buffer, tries + 1)
         return make_sample(out.image, out.boxes, out.labels, (epoch, i), int(self.index.image_ids[k]),
                            to_original(primary.orig_hw, primary.scale, out.scale),
                            stage_seconds=timings[:3], pad_share=out.pad_share, decodes=int(timings[3]),
                            skipped=skipped)
+
+    def _rewritten(self, load, primary: Source, partners: list[Source]) -> bool:
+        """Whether a window-cache view this sample used was rewritten while it was used; those
+        images are forgotten, to be read again."""
+        stale = {id(s.image) for s in (primary, *partners)
+                 if id(s.image) in self._views and not self.window_cache.intact(self._views[id(s.image)][1])}
+        for view in stale:
+            getattr(load, "forget", lambda k: None)(self._views.pop(view)[0])
+        return bool(stale)
 
     def _window_partners(self, epoch, i, p, wanted, rng, load, timings, primary, skipped) -> list[Source]:
         """Partners from the window before position ``p`` (a bad one is recorded and drawn again)."""

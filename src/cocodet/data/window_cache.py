@@ -8,12 +8,16 @@ side x side x 3 bytes. Position p of the epoch order lives in slot p % slots, ke
 dataset index and the working size (never by file path: a split may name one file twice), so
 a window of W positions maps to W distinct slots while slots >= W + the positions in flight.
 
-- Readers map the file read-only and copy what they read: a recipe can never write into
-  shared pixels (``letterbox_resize`` returns its input when no resize is needed).
-- Writers write with ``pwrite`` under a claim on the slot (``storage/claims.py``: a lock held
-  by a live process; a writer killed mid-write loses it at once), a seqlock around the write:
+- Readers map the file read-only: what :meth:`WindowCache.get` returns is a read-only view,
+  so a recipe can never write into shared pixels (``letterbox_resize`` returns its input when
+  no resize is needed; a write raises). The view is checked after use (:meth:`intact`): the
+  dataset builds the sample, then redoes it if a slot it read was rewritten meanwhile. A copy
+  would cost a 1.2 MB memcpy per partner; the check costs one integer read.
+- Writers hold a claim on the slot (``storage/claims.py``: a lock held by a live process; a
+  writer killed mid-write loses it at once) and write through their own writable map, the
+  resize writing straight into the slot (:meth:`WindowCache.publishing`), inside a seqlock:
   the slot's generation is odd while it is written, and a reader that sees it odd, or changed
-  between before and after its copy, counts a miss. A slot is never read torn.
+  between its read and its check, has a miss. A slot is never read torn.
 - A miss decodes and publishes; a hit returns exactly the pixels a decode would. The cache
   changes the speed, never the stream.
 
@@ -23,6 +27,7 @@ gets the dataset by pickling (spawn) has no cache: every read decodes, with the 
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 
@@ -61,6 +66,8 @@ class WindowCache:
     def _open(self) -> None:
         self.map = mmap.mmap(self.fd, cache_bytes(self.slots, self.side), access=mmap.ACCESS_READ)
         self.headers = np.frombuffer(self.map, HEADER, count=self.slots)
+        self._writable = mmap.mmap(self.fd, cache_bytes(self.slots, self.side), access=mmap.ACCESS_WRITE)
+        self._write_headers = np.frombuffer(self._writable, HEADER, count=self.slots)
         self.claims = SlotClaims(self.fd)
         self.hits = self.misses = 0  # this process's reads
 
@@ -69,11 +76,14 @@ class WindowCache:
 
     def __setstate__(self, state):
         self.slots, self.side, self.fd, self.map, self.headers = state["slots"], state["side"], None, None, None
+        self._writable = self._write_headers = None
         self.hits = self.misses = 0
 
-    def get(self, position: int, index: int) -> tuple[np.ndarray, tuple[int, int], float] | None:
-        """(a copy of the pixels, stored (h, w), scale stored -> working) of dataset image
-        ``index`` if the slot of ``position`` holds it whole; None (a miss) otherwise."""
+    def get(self, position: int, index: int, copy: bool = False) -> tuple[np.ndarray, tuple[int, int], float, tuple] | None:
+        """(the pixels, stored (h, w), scale stored -> working, a token for :meth:`intact`) of
+        dataset image ``index`` if the slot of ``position`` holds it whole; None (a miss)
+        otherwise. The pixels are a read-only view into the slot (``copy``: a copy, checked
+        here), valid for as long as :meth:`intact` says so."""
         if self.map is None:
             return None
         slot = position % self.slots
@@ -84,39 +94,84 @@ class WindowCache:
             return None
         h, w = int(header["h"]), int(header["w"])
         orig_hw, scale = (int(header["orig_h"]), int(header["orig_w"])), float(header["scale"])
-        at = _pixels_at(self.slots) + slot * slot_bytes(self.side)
-        image = np.frombuffer(self.map, np.uint8, count=h * w * 3, offset=at).reshape(h, w, 3).copy()
-        if int(self.headers[slot]["gen"]) != gen:  # rewritten while copied
+        image = self._pixels(slot, h, w, writable=False)
+        if copy:
+            image = image.copy()
+        if not self.intact((slot, gen)):  # rewritten while read
             self.misses += 1
             return None
         self.hits += 1
-        return image, orig_hw, scale
+        return image, orig_hw, scale, (slot, gen)
 
-    def put(self, position: int, index: int, image: np.ndarray, orig_hw: tuple[int, int], scale: float) -> bool:
-        """Publish image ``index`` read at ``position``; False (nothing written) when another
-        live process is writing that slot or the image is larger than a slot."""
-        h, w = image.shape[:2]
-        if self.map is None or max(h, w) > self.side or image.dtype != np.uint8:
-            return False
+    def intact(self, token: tuple[int, int]) -> bool:
+        """Whether the slot a :meth:`get` read (its ``token``) still holds what it held then."""
+        slot, gen = token
+        return self.map is not None and int(self.headers[slot]["gen"]) == gen
+
+    def _pixels(self, slot: int, h: int, w: int, writable: bool) -> np.ndarray:
+        at = _pixels_at(self.slots) + slot * slot_bytes(self.side)
+        return np.frombuffer(self._writable if writable else self.map, np.uint8, count=h * w * 3,
+                             offset=at).reshape(h, w, 3)
+
+    @contextlib.contextmanager
+    def publishing(self, position: int, index: int):
+        """Claim the slot of ``position`` for image ``index`` and mark it being written; yields a
+        :class:`Publishing` (None: another live process holds the slot, or no cache here). The
+        claim is released on leaving, whatever happens; a slot left unfinished stays a miss."""
         slot = position % self.slots
-        if not self.claims.try_claim(slot):
-            return False
+        if self.map is None or not self.claims.try_claim(slot):
+            yield None
+            return
         try:
             gen = int(self.headers[slot]["gen"])
             writing = gen + 1 if gen % 2 == 0 else gen  # odd: a writer died here; the slot is ours now
-            header_at = slot * HEADER.itemsize
-            os.pwrite(self.fd, np.int64(writing).tobytes(), header_at)
-            os.pwrite(self.fd, np.ascontiguousarray(image).data, _pixels_at(self.slots) + slot * slot_bytes(self.side))
-            fields = np.array([(writing, index, self.side, h, w, *orig_hw, scale)], HEADER)
-            os.pwrite(self.fd, fields.tobytes()[8:], header_at + 8)
-            os.pwrite(self.fd, np.int64(writing + 1).tobytes(), header_at)
+            self._write_headers["gen"][slot] = writing
+            yield Publishing(self, slot, index, writing)
         finally:
             self.claims.release(slot)
-        return True
+
+    def put(self, position: int, index: int, image: np.ndarray, orig_hw: tuple[int, int], scale: float) -> bool:
+        """Publish a copy of image ``index`` read at ``position``; False (nothing written) when
+        another live process is writing that slot or the image does not fit a slot."""
+        with self.publishing(position, index) as slot:
+            return slot is not None and slot.done(image, orig_hw, scale) is not None
 
     def close(self) -> None:
+        """Unmap and close (a view still held elsewhere keeps the map until it is freed)."""
         if self.map is not None:
-            self.headers = None
-            self.map.close()
+            self.headers = self._write_headers = None
+            for view_map in (self.map, self._writable):
+                try:
+                    view_map.close()
+                except BufferError:  # a sample still holds a view: the map goes when the last view does
+                    pass
+            self.map = self._writable = None
             os.close(self.fd)
-            self.map = None
+
+
+class Publishing:
+    """One claimed slot being written: :meth:`pixels` gives where a resize writes, :meth:`done`
+    finishes the slot and returns what readers will read."""
+
+    def __init__(self, cache: WindowCache, slot: int, index: int, writing: int):
+        self.cache, self.slot, self.index, self.writing = cache, slot, index, writing
+
+    def pixels(self, h: int, w: int) -> np.ndarray | None:
+        """The slot's h x w x 3 pixels, writable (None: larger than a slot)."""
+        return self.cache._pixels(self.slot, h, w, writable=True) if max(h, w) <= self.cache.side else None
+
+    def done(self, image: np.ndarray, orig_hw: tuple[int, int], scale: float) -> tuple[np.ndarray, tuple] | None:
+        """Finish the slot with ``image`` (copied in unless the resize wrote it there already):
+        (a read-only view of it, its token), or None when it does not fit a slot."""
+        h, w = image.shape[:2]
+        if max(h, w) > self.cache.side or image.dtype != np.uint8:
+            return None
+        target = self.cache._pixels(self.slot, h, w, writable=True)
+        if not np.shares_memory(image, target):
+            target[...] = image
+        headers = self.cache._write_headers
+        for name, value in zip(("index", "size", "h", "w", "orig_h", "orig_w", "scale"),
+                               (self.index, self.cache.side, h, w, *orig_hw, scale)):
+            headers[name][self.slot] = value
+        headers["gen"][self.slot] = self.writing + 1  # last: the slot is whole
+        return self.cache._pixels(self.slot, h, w, writable=False), (self.slot, self.writing + 1)

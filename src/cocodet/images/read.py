@@ -80,10 +80,11 @@ def clip_targets(index: CocoIndex, k: int, h: int, w: int, min_side: float = 1.0
 
 
 def load_resized(index: CocoIndex, k: int, size: int | None, timings: np.ndarray | None = None,
-                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0) -> Source:
+                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0, dst_for=None) -> Source:
     """Image k at the working resolution (long side ``size``): a reduced JPEG decode when the
     image is at least 2x larger, then the one letterbox resize (counted as decode time).
-    ``size`` None: the stored pixels, untouched (the reference presets).
+    ``size`` None: the stored pixels, untouched (the reference presets). ``dst_for``: where the
+    resize writes (``letterbox_resize``).
 
     The pixel cache stores exactly this output, so cached and uncached runs see the same pixels.
     """
@@ -93,7 +94,7 @@ def load_resized(index: CocoIndex, k: int, size: int | None, timings: np.ndarray
 
     decoded = read_decoded(index, k, max_pixels, size, timings)
     t_resize = time.perf_counter()
-    resized, r = letterbox_resize(decoded.image, size)
+    resized, r = letterbox_resize(decoded.image, size, dst_for)
     if timings is not None:
         timings[1] += time.perf_counter() - t_resize
     scale = r / decoded.reduction
