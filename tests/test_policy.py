@@ -199,3 +199,18 @@ def test_worker_request_sources():
         request("inherited")
     with pytest.raises(ConfigError, match="loader.num_workers=N"):
         request("explicit")
+
+
+def test_the_plan_sizes_the_window_cache_in_memory_not_in_shm():
+    """Window partners: the cache holds the window and the positions in flight, in anonymous
+    shared memory (a 64 MB /dev/shm does not shrink it); memory the workers leave caps it."""
+    from cocodet.loader.window_plan import slot_bytes
+
+    small_shm = host(shm_total_bytes=64 * MiB, shm_free_bytes=64 * MiB)
+    p = plan("explicit", 2, batch_size=32, batch_bytes=38 * MiB, res=small_shm, partner_window=48, image_side=640)
+    assert p.window_slots == 48 + (2 * 2 + 1) * 32 and p.window_bytes == p.window_slots * slot_bytes(640)
+    assert "window cache" in p.table() and "memfd, not /dev/shm" in p.table() and f"{p.window_slots} slots" in p.table()
+    tight = plan("explicit", 2, batch_size=32, batch_bytes=38 * MiB, partner_window=48, image_side=640,
+                 res=host(memory_available_bytes=4 * GiB))
+    assert 0 < tight.window_slots < p.window_slots and "fewer partners are read" in tight.window_note
+    assert plan(batch_size=32, batch_bytes=38 * MiB, image_side=640).window_slots == 0  # no window: no cache
