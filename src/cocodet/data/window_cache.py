@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import tempfile
 
 import numpy as np
 
@@ -59,7 +60,11 @@ class WindowCache:
 
     def __init__(self, slots: int, side: int):
         self.slots, self.side = slots, side
-        self.fd = os.memfd_create("cocodet-window-cache")
+        if hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create("cocodet-window-cache")
+        else:  # no memfd (not Linux): an unlinked temporary file, its pages in the page cache
+            self._file = tempfile.TemporaryFile(prefix="cocodet-window-cache-")
+            self.fd = os.dup(self._file.fileno())
         os.ftruncate(self.fd, cache_bytes(slots, side))
         self._open()
 
