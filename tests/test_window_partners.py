@@ -148,7 +148,7 @@ def test_a_resume_with_another_window_is_refused_naming_both():
 
 def bench_args(coco_tiny, *extra):
     return ["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=192", "loader.batch_size=8", "bench.batches=25", "bench.warmup=0", "bench.digest_batches=25",
-            "bench.decode_probe=0", "augment.partner_window=16", *extra]
+            "bench.decode_probe=0", "augment.partners=window", "augment.partner_window=16", *extra]
 
 
 def test_window_partners_keep_the_stream_contract(coco_tiny, tmp_path):
@@ -166,7 +166,7 @@ def test_window_partners_keep_the_stream_contract(coco_tiny, tmp_path):
     assert len(set(digests.values())) == 1, digests
     assert decodes["w0"] < 1.4 and decodes["w2"] < 1.6 and decodes["ram"] == 0, decodes
     whole = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.num_workers=2", "augment.partners=dataset"),
-                           tmp_path / "whole")
+                           tmp_path / "whole")  # the later override wins
     assert whole["batch_digest"] != digests["w2"] and whole["decodes_per_sample"] > 2.5
 
 

@@ -7,7 +7,7 @@ each key instead of from state that would stay behind in a worker replica.
 
 Mosaic partners come from one of three places (``augment.partners``, ``transforms/augment.py``):
 
-- a *window* (the default): a sample at position p of its rank's epoch order draws each partner
+- a *window*: a sample at position p of its rank's epoch order draws each partner
   from the W = ``partner_window`` positions before p; at the epoch's start (p < W), from the
   first W + 1 positions other than p. The images there were decoded moments ago by the samples
   at those positions, and the window cache (``data/window_cache.py``) shares their pixels
@@ -16,7 +16,7 @@ Mosaic partners come from one of three places (``augment.partners``, ``transform
 - a *pool*: the aligned run of ``partner_pool`` consecutive samples of the epoch order. The
   DataLoader hands a worker a whole batch (or part) at once (``__getitems__``), so each pool
   member is decoded once and serves as a primary and as the partners that drew it.
-- the whole dataset: any image, up to four decodes per sample.
+- the whole dataset (the default): any image, up to four decodes per sample.
 
 None of them depends on the batch size, how a batch is split into parts, the worker count or
 a cache.
