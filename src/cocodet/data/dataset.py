@@ -2,8 +2,9 @@
 
 Determinism contract (design §5): sample i of epoch e draws everything (mosaic partners,
 every transform, a bad sample's replacement) from ``np.random.default_rng((seed, e, i))``.
-The sampler hands out ``(epoch, i, pool)`` keys, so persistent workers learn the epoch with
-each key instead of from state that would stay behind in a worker replica.
+The sampler hands out ``(epoch, i)`` keys (a pool or a window position third), so persistent
+workers learn the epoch with each key instead of from state that would stay behind in a worker
+replica.
 
 Mosaic partners come from one of three places (``augment.partners``, ``transforms/augment.py``):
 
