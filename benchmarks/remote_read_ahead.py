@@ -1,7 +1,8 @@
 """The read-ahead against local disk, side by side in one run (issue 43; docs/benchmarks.md,
 "Data in a bucket"): coco_tiny's train images under 2,000 distinct keys in a SeaweedFS bucket,
 behind a proxy that adds 20 ms to every request (a real bucket's first byte), and the same
-2,000 files on local disk; ``mode=bench``, 2 workers, mosaic at 640 px (pools of 8, as measured), two whole epochs each.
+2,000 files on local disk; ``mode=bench``, 2 workers, mosaic at 640 px with the default
+partners (``--partners`` adds overrides, e.g. ``augment.partner_pool=8``), two whole epochs each.
 
     python benchmarks/remote_read_ahead.py --out /tmp/read_ahead          # about 6 minutes on 2 CPUs
 
@@ -30,6 +31,7 @@ from moto_store import DUMMY_KEYS, free_port, s3_client  # noqa: E402
 from seaweed_store import SeaweedStore  # noqa: E402
 
 BUCKET = "coco-ahead"
+PARTNERS: list[str] = []  # the default recipe's partners unless --partners says otherwise
 
 
 def build_dataset(src: Path, out: Path, objects: int) -> None:
@@ -110,7 +112,7 @@ def start_proxy(upstream: str, delay_s: float) -> tuple[str, threading.Thread]:
 
 def bench(root: str, run_dir: Path, cache: Path, extra: list[str]) -> dict:
     cmd = [sys.executable, str(REPO / "train.py"), "mode=bench", "dataset=coco", f"dataset.root={root}",
-           "dataset.image_size=640", "augment=mosaic", "augment.partner_pool=8", "loader=explicit", "loader.num_workers=2",
+           "dataset.image_size=640", "augment=mosaic", *PARTNERS, "loader=explicit", "loader.num_workers=2",
            "loader.batch_size=8", "bench.batches=null", "bench.epochs=2", "bench.warmup=0", "bench.decode_probe=0",
            f"dataset.cache_dir={cache}", f"hydra.run.dir={run_dir}", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **DUMMY_KEYS}, cwd=REPO)
@@ -125,7 +127,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--objects", type=int, default=2000)
     parser.add_argument("--delay-ms", type=float, default=20.0)
+    parser.add_argument("--partners", nargs="*", default=[], help="overrides, e.g. augment.partner_pool=8")
     args = parser.parse_args()
+    PARTNERS[:] = args.partners
     local = args.out / "dataset"
     build_dataset(args.src, local, args.objects)
     store = SeaweedStore(args.out / "seaweed")
@@ -153,7 +157,8 @@ def main() -> None:
 
 def report(rows: dict, objects: int, delay_ms: float) -> None:
     base = [e["examples_per_s"] for e in rows["local disk"]["epochs"]]
-    print(f"\n{objects} objects, {delay_ms:g} ms added per request, 2 workers, mosaic 640 px, batch 8\n")
+    print(f"\n{objects} objects, {delay_ms:g} ms added per request, 2 workers, mosaic 640 px, batch 8, "
+          f"partners: {' '.join(PARTNERS) or 'the default'}\n")
     print("| source | epoch | examples/s | vs local | GETs/sample | MB fetched | misses | retries | store CPU s | proxy CPU s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, s in rows.items():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
+import ast
+import re
+from pathlib import Path
 
 import pytest
 
@@ -91,7 +93,25 @@ def test_lightning_chooses_the_same_environment():
             assert theirs == (ours.global_rank, ours.local_rank, ours.world_size)
 
 
-def test_src_reads_launcher_variables_in_one_place():
-    proc = subprocess.run(["grep", "-rln", "SLURM_PROCID\\|LOCAL_WORLD_SIZE", str(REPO / "src")],
-                          capture_output=True, text=True)
-    assert proc.stdout.split() == [str(REPO / "src" / "cocodet" / "ranks.py")]
+RANK_VARIABLE = re.compile(r"^(RANK|LOCAL_RANK|NODE_RANK|GROUP_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|SLURM_\w+|"
+                           r"OMPI_COMM_WORLD_\w+|PMI_RANK|PMI_SIZE|LSB_\w+|JSM_NAMESPACE_\w+|TORCHELASTIC_\w+)$")
+
+
+def rank_variable_readers(root: Path) -> dict[str, list[str]]:
+    """Every module under ``root`` that names a launcher's rank variable (a string constant)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and RANK_VARIABLE.match(node.value):
+                found.setdefault(str(path.relative_to(root)), []).append(node.value)
+    return found
+
+
+def test_src_reads_launcher_variables_in_one_place(tmp_path):
+    """Ranks are read once, by cocodet/ranks.py, for every launcher; others are handed the result
+    (the store's User-Agent gets its rank through storage.configure)."""
+    assert list(rank_variable_readers(REPO / "src")) == ["cocodet/ranks.py"]
+    planted = tmp_path / "cocodet"
+    planted.mkdir()
+    (planted / "session.py").write_text('import os\nrank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")\n')
+    assert rank_variable_readers(tmp_path) == {"cocodet/session.py": ["RANK", "LOCAL_RANK"]}

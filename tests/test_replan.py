@@ -19,18 +19,21 @@ from test_loader_faults import coco640, needs_root, shm_namespace
 from test_policy import host
 
 
-def datamodule(root, workers: int, **replanner_args):
+def datamodule(root, workers: int, window: int = 0, **replanner_args):
     """A datamodule on the synthetic set (48 train images, batch 4) whose plan has ``workers``
-    (inherited: re-plans by default) and a replanner that plans against this host."""
+    (inherited: re-plans by default) and a replanner that plans against this host; ``window``:
+    window partners (W positions) with the window cache the plan sizes."""
     from cocodet.transforms.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
 
     def plan_fn(n: int, prefetch: int):
-        return plan_loader(LoaderRequest("inherited", n, prefetch), BatchGeometry(4, 1 << 20), probe(), cuda=False)
+        geometry = BatchGeometry(4, 1 << 20, partner_window=window, image_side=64)
+        return plan_loader(LoaderRequest("inherited", n, prefetch), geometry, probe(), cuda=False)
 
     plan = plan_fn(workers, 2)
+    recipe = Mosaic(64, partners="window", partner_window=window) if window else Mosaic(64)
     return CocoDataModule(str(root), "train", "annotations/instances_train.json", "val", "annotations/instances_val.json",
-                          image_size=64, recipe=Mosaic(64), batch_size=4, seed=0, plan=plan,
+                          image_size=64, recipe=recipe, batch_size=4, seed=0, plan=plan,
                           replanner=Replanner(plan, plan_fn, **replanner_args))
 
 
@@ -52,16 +55,21 @@ def shut_down(loader) -> None:
         loader._shut_down()
 
 
-@pytest.mark.parametrize("sig,cause", [(signal.SIGKILL, "memory"), (signal.SIGBUS, "shm")])
-def test_killed_worker_is_replaced_and_the_stream_continues_exactly(synthetic_root, sig, cause):
-    reference = stream(datamodule(synthetic_root, 0).train_dataloader(), epochs=2)
-    dm = datamodule(synthetic_root, 2)
+@pytest.mark.parametrize("sig,cause,window", [(signal.SIGKILL, "memory", 0), (signal.SIGBUS, "shm", 0),
+                                              (signal.SIGKILL, "memory", 8)])
+def test_killed_worker_is_replaced_and_the_stream_continues_exactly(synthetic_root, sig, cause, window):
+    """Window partners too (issue 54): the killed worker may die holding a window-cache claim;
+    the stream does not depend on which slots survived."""
+    reference = stream(datamodule(synthetic_root, 0, window).train_dataloader(), epochs=2)
+    dm = datamodule(synthetic_root, 2, window)
+    assert bool(dm.plan.window_slots) == bool(window)
     loader = dm.train_dataloader()
     try:
         digest = stream(loader, epochs=2, kill_at=4, sig=sig)  # mid-epoch 0 (12 batches per epoch)
     finally:
         shut_down(loader)
     assert digest == reference
+    assert (dm.window_cache is not None) == bool(window)  # the stream above went through the shared cache
     [record] = dm.replanner.records
     assert record["cause"] == cause and record["stage"] == "train" and record["epoch"] == 0
     assert record["old_workers"] == 2 and record["new_workers"] == 1 and 5 <= record["batch"] <= 8

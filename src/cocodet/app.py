@@ -45,7 +45,8 @@ def configure_storage(cfg: DictConfig) -> None:
 
     dataset = cfg.get("dataset") or {}
     options = OmegaConf.to_container(dataset.get("storage_options") or {}, resolve=True)
-    storage.configure(options, **OmegaConf.to_container(dataset.get("remote") or {}, resolve=True))
+    rank = run_ranks(cfg).global_rank if cfg.get("trainer") is not None else 0
+    storage.configure(options, rank=rank, **OmegaConf.to_container(dataset.get("remote") or {}, resolve=True))
 
 
 def mode_function(mode: str):

@@ -24,7 +24,8 @@ from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.pixel_cache import open_pixel_cache
 from cocodet.data.window_cache import WindowCache
 from cocodet.coco.splits import annotation_file, load_splits
-from cocodet.storage.prefetch import start_read_ahead
+from cocodet.data.read_ahead_start import start_train_read_ahead
+from cocodet.loader.stream_end import trainer_stream_end
 from cocodet.storage.store import configure as configure_storage, counts as storage_counts, is_remote
 from cocodet.images.verify import verify_indexes
 from cocodet.errors import UserError
@@ -79,7 +80,7 @@ class CocoDataModule(L.LightningDataModule):
         storage_options: fsspec's options for a URL ``root`` (``endpoint_url``); never credentials.
         remote: a URL root's store settings (``conf/dataset/coco.yaml``): ``timeout_s`` (one
             request), ``retries`` and ``give_up_s`` (a failing store), ``cache_dir``,
-            ``cache_bytes`` and ``concurrency`` (the read-ahead, ``storage/prefetch.py``).
+            ``cache_bytes`` and ``concurrency`` (the read-ahead, ``storage/read_ahead.py``).
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
@@ -92,7 +93,9 @@ class CocoDataModule(L.LightningDataModule):
         super().__init__()
         configure_storage(storage_options, **(remote or {}))  # a URL root's filesystem (storage/store.py)
         self.root, self.train_images, self.remote, self.cache_dir = root, train_images, dict(remote or {}), cache_dir
-        self.read_ahead = None  # a remote root's prefetcher (storage/prefetch.py), started with the train loader
+        # (train batches the run takes from epoch 0, at least these whole epochs): the bench sets it
+        self.stream_batches: tuple[int, int] | None = None
+        self.read_ahead = None  # a remote root's prefetcher (storage/read_ahead.py), started with the train loader
         self.samples_consumed = 0  # train samples that reached the model (or the bench)
         self.read_ahead_record: dict | None = None  # the read-ahead's summary, kept when it stops
         self.run_dir = Path(run_dir) if run_dir else None
@@ -216,13 +219,13 @@ class CocoDataModule(L.LightningDataModule):
         sampler = self._sampler(self.train_set, shuffle=True)
         start = self.stream.take_resume_start(sampler)
         if self.read_ahead is None:
-            epoch = start[0] if start else (self.trainer.current_epoch if self.trainer is not None else 0)
-            self.read_ahead = start_read_ahead(self.root, self.train_images, self.remote, self.cache_dir, self.train_set,
-                                               sampler, epoch, start[1] * self.batch_size if start else 0,
-                                               self.trainer.local_rank if self.trainer is not None else 0,
-                                               self.plan.local_ranks)
-        return build_loader(self.train_set, sampler, self.batch_size, self.plan, position=position,
-                            across_epochs=True, replanner=self.replanner, stage="train", start=start)
+            self.read_ahead = start_train_read_ahead(self, sampler, start)
+        loader = build_loader(self.train_set, sampler, self.batch_size, self.plan, position=position,
+                              across_epochs=True, replanner=self.replanner, stage="train", start=start)
+        end = trainer_stream_end(self.trainer, self.stream_batches, loader.batch_sampler.batches())
+        if end is not None:  # workers streaming on stop at the run's last batch
+            loader.batch_sampler.end_at(*end)
+        return loader
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return build_loader(self.val_set, self._sampler(self.val_set, shuffle=False), self.val_batch_size, self.plan,

@@ -78,6 +78,8 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
     # would still be filling their queues and share the cores with the probe.
     decode_ms = decode_probe(datamodule, decode_probe_images) if producer == "dataset" and decode_probe_images > 0 else None
     iters_per_ms = calibrate_spin(1.0) if "spin" in (consumer, producer) else 0
+    if batches is not None:  # workers and the read-ahead read nothing for batches the bench will not take
+        datamodule.stream_batches = (warmup + batches, epochs)
     loader = _bench_loader(datamodule, plan, producer, producer_ms, producer_samples, iters_per_ms)
     timer = TransferTimer()
     consume = _timed_transfer(make_consumer(consumer, work_ms, iters_per_ms, train_step), device, timer, preload)

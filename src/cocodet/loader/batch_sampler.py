@@ -12,12 +12,18 @@ class EpochBatchSampler(torch.utils.data.Sampler):
     most ``part_size`` keys; the last batch of an epoch is marked. Which keys form a batch never
     depends on the part size. ``across_epochs``: after the epoch asked for (the sampler's
     ``epoch``), the batches of the following epochs, without end. ``start_at(epoch, n)``: the
-    next pass begins that epoch at its batch n (a resume, a re-plan)."""
+    next pass begins that epoch at its batch n (a resume, a re-plan). ``end_at(epoch, n)``: the
+    stream ends before batch n of that epoch (the run's last batch), so workers streaming on
+    read nothing the run will not take (on a bucket: GETs for an epoch that never runs)."""
 
     def __init__(self, sampler: torch.utils.data.Sampler, batch_size: int, part_size: int, across_epochs: bool = False):
         self.sampler, self.batch_size, self.part_size = sampler, batch_size, part_size
         self.across_epochs = across_epochs
         self._start: tuple[int, int] | None = None
+        self._end: tuple[int, int] | None = None
+
+    def end_at(self, epoch: int, batches: int) -> None:
+        self._end = (epoch, batches)
 
     def start_at(self, epoch: int, batches: int) -> None:
         self._start = (epoch, batches)
@@ -41,6 +47,8 @@ class EpochBatchSampler(torch.utils.data.Sampler):
             # Whole batches are skipped from the whole epoch's keys, so pools stay as cut.
             keys = list(self.sampler.epoch_keys(epoch))
             for start in range(skip * self.batch_size, len(keys), self.batch_size):
+                if self._end is not None and (epoch, start // self.batch_size) >= self._end:
+                    return
                 yield from self._split(keys[start:start + self.batch_size], start + self.batch_size >= len(keys))
             if not self.across_epochs:
                 return

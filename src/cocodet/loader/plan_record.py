@@ -98,11 +98,21 @@ class LoaderPlan:
         return self.val if stage == "val" and self.val is not None else self
 
     def dataloader_kwargs(self) -> dict:
-        """Arguments for torch's DataLoader; none that PyTorch rejects at num_workers=0."""
+        """Arguments for torch's DataLoader; none that PyTorch rejects at num_workers=0.
+
+        Workers are forked, whatever the interpreter's default start method (Python 3.14 on
+        Linux defaults to forkserver): the store's per-process state (its counters and give-up
+        clock in shared memory, the read-ahead's object cache and budget counter) and the window
+        cache's descriptor reach the workers by being inherited. Where fork does not exist, the
+        platform's method is used, and those caches are off in the workers (they read directly)."""
+        import multiprocessing
+
         kwargs = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers > 0:
             kwargs.update(prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers,
                           timeout=self.timeout_s)
+            if "fork" in multiprocessing.get_all_start_methods():
+                kwargs["multiprocessing_context"] = "fork"
         return kwargs
 
     def summary(self) -> dict:

@@ -74,12 +74,14 @@ def remote_reads(cfg: DictConfig, train, loader_plan: LoaderPlan) -> dict:
              float(cfg.dataset.remote.timeout_s))
     return {"root": str(cfg.dataset.root), "objects_per_epoch": int(len(objects)), "bytes_per_epoch": int(bytes_),
             "listed_objects": len(sizes), "shared_by_two_ranks": shared, "approximate": grouped,
-            "read_ahead": read_ahead_plan(cfg, sizes, ranks.local_world_size)}
+            "read_ahead": read_ahead_plan(cfg, sizes, ranks, train, loader_plan)}
 
 
-def read_ahead_plan(cfg: DictConfig, objects: dict, local_ranks: int) -> dict | None:
-    """The read-ahead's disk (refused when its folder cannot hold cache_bytes) and memory."""
-    from cocodet.storage.prefetch import budget_origin, read_ahead_budget, read_ahead_folder
+def read_ahead_plan(cfg: DictConfig, objects: dict, ranks, train, loader_plan: LoaderPlan) -> dict | None:
+    """The read-ahead's disk (refused when its folder cannot hold cache_bytes), memory and
+    working set (this rank's first epoch, planned as training plans it: torch is imported for
+    the sampler, only here), with a warning when the budget is below the working set."""
+    from cocodet.storage.read_ahead import budget_origin, read_ahead_budget, read_ahead_folder, working_set_words
 
     remote = OmegaConf.to_container(cfg.dataset.remote, resolve=True)
     folder = read_ahead_folder(remote, cfg.dataset.get("cache_dir"))
@@ -87,10 +89,47 @@ def read_ahead_plan(cfg: DictConfig, objects: dict, local_ranks: int) -> dict | 
         log.info("read-ahead: off (%s)", "dataset.cache holds the pixels" if cfg.dataset.cache != "none" else
                  "dataset.remote.cache_bytes=0" if folder else "no folder: dataset.cache_dir and remote.cache_dir null")
         return None
-    budget = read_ahead_budget(folder, remote["cache_bytes"], local_ranks, objects, int(remote["concurrency"]))
-    log.info("read-ahead: %s on disk for each of %d local rank(s) in %s%s (%s the %.0f MiB split), %d GETs in flight, "
-             "about %.0f MiB of memory", f"{budget['rank_budget_bytes'] / 2**20:.0f} MiB", local_ranks, folder,
-             budget_origin(budget),
-             "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20,
+    paths = [str(p) for p in train.paths]
+    own = {p: objects[p] for p in paths if p in objects}
+    working = first_epoch_working_set(cfg, train, own, ranks, loader_plan)
+    budget = read_ahead_budget(folder, remote["cache_bytes"], ranks.local_world_size, own,
+                               int(remote["concurrency"]), working[1])
+    line, warning = working_set_words(budget, working, ranks.local_world_size)
+    log.info("read-ahead: %s on disk for each of %d local rank(s) in %s%s (%s the %.0f MiB split); %s; %d GETs in "
+             "flight, about %.0f MiB of memory", f"{budget['rank_budget_bytes'] / 2**20:.0f} MiB",
+             ranks.local_world_size, folder, budget_origin(budget),
+             "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20, line,
              budget["concurrency"], budget["memory_bytes"] / 2**20)
-    return budget
+    if warning:
+        log.warning(warning)
+    return {**budget, "working_set_objects": working[0]}
+
+
+def first_epoch_working_set(cfg: DictConfig, train, objects: dict, ranks, loader_plan: LoaderPlan) -> tuple[int, int]:
+    """(objects, bytes) of this rank's working set over epochs 0 and 1 (``storage/working_set.py``), from
+    the reads the samples plan, with the window cache the plan sizes (a window partner read
+    from it is no object read). Grouped batches are planned in the plain order: one read per
+    sample either way."""
+    from cocodet.data.dataset import DetectionDataset
+    from cocodet.data.window_cache import WindowCache
+    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.loader.rank_share import RankOrder
+    from cocodet.modes.wiring import build_recipe
+    from cocodet.storage.read_ahead import epoch_reads
+    from cocodet.storage.working_set import lead_samples, reach, working_set
+
+    recipe, seed = build_recipe(cfg), int(cfg.seed)
+    dataset = DetectionDataset(train, recipe, seed)
+    window = getattr(recipe, "partner_window", 0) or 0
+    cache = WindowCache(loader_plan.window_slots, recipe.decode_size) if window and loader_plan.window_slots else None
+    try:
+        if window:
+            dataset.use_window(RankOrder(len(train), seed, ranks.global_rank, ranks.world_size), cache)
+        sampler = EpochSampler(len(train), seed, True, ranks.global_rank, ranks.world_size,
+                               pool=getattr(recipe, "partner_pool", None), window=window)
+        sizes = np.array([objects.get(str(p), {}).get("size", 0) for p in train.paths], dtype=np.int64)
+        lead = lead_samples(loader_plan.num_workers, loader_plan.prefetch_factor, int(cfg.loader.batch_size))
+        return working_set([epoch_reads(sampler, dataset, e) for e in (0, 1)], sizes, reach(lead))
+    finally:
+        if cache is not None:
+            cache.close()

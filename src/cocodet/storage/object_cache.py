@@ -1,12 +1,14 @@
 """The node-local copies of remote objects that the read-ahead fills (``dataset.remote.cache_dir``).
 
 One file per object version: ``<sha256(url)[:24]>-<ETag>``, so a changed object is never
-served from an older copy. Every file is written by the one process that claimed it, under
-``<name>.part`` (created with ``O_EXCL``), checked against the listing's size (and, for a
-single-part upload, whose ETag is the MD5 of its bytes, against the ETag), then renamed into
-place: a reader sees a whole file or none. A worker that finds no copy waits for the claimer
-if the object is being fetched, else claims and fetches it itself (a *miss*, counted), so an
-object is fetched once however many workers and the prefetcher want it.
+served from an older copy. Every file is written by the one holder of its claim, an ``flock`` on
+``<name>.part`` (``storage/claims.py``: held by a live process, taken over at once from a dead
+one, never decided by a clock), checked against the listing's size (and its MD5 where the
+store's ETags are MD5s, see :meth:`ObjectCache._check`), then renamed into place while the
+claim is held: a reader sees a whole file or none, and a copy whose size is not the listing's
+is never served. A worker that finds no copy waits for the claimer if the object is being
+fetched, else claims and fetches it itself (a *miss*, counted), so an object is fetched once
+however many workers and the prefetcher want it.
 
 The budget is one counter in shared memory, which the rank's workers inherit: a copy is
 published only after its bytes were reserved there, so the folder never holds more than the
@@ -19,13 +21,16 @@ another counts.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import time
 from pathlib import Path
 
 from cocodet.storage import store as storage
+from cocodet.storage.claims import claim_file
 
+log = logging.getLogger(__name__)
 POLL_S = 0.005  # how often a waiting reader looks for a copy another process is writing
 
 
@@ -41,8 +46,12 @@ class ObjectCache:
         self.objects, self.budget = objects, int(budget)
         self._paths: dict[str, Path] = {}
         self._held = multiprocessing.Value("q", 0)  # bytes of the copies in the folder (and reserved for)
-        for stale in self.folder.glob("*.part"):  # claims of a run that died: no process of this rank is running
-            self._unlink(stale)
+        self._etags_are_md5 = True  # until an object shows otherwise (SSE-KMS, SSE-C): then sizes only
+        for stale in self.folder.glob("*.part"):  # a dead claimer's leftovers; a live one's claim is kept
+            fd = claim_file(stale)
+            if fd is not None:
+                self._unlink(stale)
+                os.close(fd)
 
     def reserve(self, size: int) -> bool:
         """Count ``size`` more bytes if they fit in the budget."""
@@ -71,74 +80,90 @@ class ObjectCache:
         (waited for), or fetched here and published (a miss); None for an object not listed."""
         if url not in self.objects:
             return None
-        path = self.path(url)
-        try:
-            data = self._read_copy(path)
-        except FileNotFoundError:
+        data = self._read_copy(url)
+        if data is None:
             return self.fetch(url, miss=True)
         storage.count("cache_hits")
         return data
 
     def fetch(self, url: str, miss: bool = False, reserved: bool = False) -> bytes:
-        """Fetch the object unless another process is doing so, and publish it if its bytes
-        were ``reserved`` (the prefetcher) or fit now (a worker's miss); then its bytes."""
-        path = self.path(url)
-        deadline = time.monotonic() + storage.settings().timeout_s + storage.settings().give_up_s
+        """Fetch the object unless another live process or thread holds its claim (then wait
+        for its copy, for as long as the holder lives and the store answers), and publish it if
+        its bytes were ``reserved`` (the prefetcher) or fit now (a worker's miss); its bytes.
+        A reservation not needed (the copy was there already) is given back."""
+        part = self._part(url)
         while True:
-            claim = self._claim(path)
-            if claim is not None:
-                return self._fetch_into(url, path, claim, miss, reserved)
-            try:
-                return self._read_copy(path)  # published while we looked
-            except FileNotFoundError:
-                pass
+            fd = claim_file(part)
+            if fd is not None:
+                return self._fetch_into(url, part, fd, miss, reserved)
+            data = self._read_copy(url)  # published while we looked
+            if data is not None:
+                if reserved:
+                    self.release(len(data))
+                return data
             storage.check_store_up(url, "a copy another process fetches")  # it retries; we give up with it
-            if time.monotonic() > deadline:  # the claimer died: its .part is stale
-                self._unlink(path.with_name(path.name + ".part"))
-                deadline = time.monotonic() + storage.settings().timeout_s + storage.settings().give_up_s
             time.sleep(POLL_S)
 
-    def _claim(self, path: Path) -> int | None:
-        try:
-            return os.open(path.with_name(path.name + ".part"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return None
+    def _part(self, url: str) -> Path:
+        path = self.path(url)
+        return path.with_name(path.name + ".part")
 
-    def _fetch_into(self, url: str, path: Path, fd: int, miss: bool, reserved: bool) -> bytes:
-        part = path.with_name(path.name + ".part")
+    def _fetch_into(self, url: str, part: Path, fd: int, miss: bool, reserved: bool) -> bytes:
+        """Holding the claim ``fd`` on ``part``: fetch, check, and publish by renaming ``part``."""
         try:
-            if path.exists():  # published between our look and our claim
-                os.close(fd)
+            data = self._read_copy(url)
+            if data is not None:  # published between our look and our claim
+                if reserved:
+                    self.release(len(data))
                 self._unlink(part)
-                return self._read_copy(path)
+                return data
             data = storage.get_object(url)
             self._check(url, data)
-            with os.fdopen(fd, "wb") as f:
-                if reserved or self.reserve(len(data)):
-                    f.write(data)
-                    f.close()
-                    os.replace(part, path)
-            self._unlink(part)  # not kept: the budget is full
+            if reserved or self.reserve(len(data)):
+                os.ftruncate(fd, 0)  # a dead claimer may have left part of a file here
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.replace(part, self.path(url))  # still claimed: nobody else writes this name meanwhile
+            else:  # not kept: the budget is full
+                self._unlink(part)
         except BaseException:
             self._unlink(part)
             raise
+        finally:
+            os.close(fd)
         if miss:
             storage.count("misses")
         return data
 
     def _check(self, url: str, data: bytes) -> None:
-        """The listing's size, and the ETag where it is the MD5 of the bytes (single-part uploads)."""
+        """The listing's size, always; the MD5 where the ETag is one. A single-part upload's
+        ETag is the MD5 of its bytes, except under SSE-KMS or SSE-C, whose ETags look the same
+        (32 hex digits) but are not. So an MD5 that differs is settled by one HEAD: the same
+        ETag as listed means the object did not change and this store's ETags are not MD5s
+        (sizes only from then on, in this process); another ETag means it changed."""
         want = self.objects[url]
         etag = want["etag"]
-        if len(data) != want["size"] or (re.fullmatch(r"[0-9a-f]{32}", etag)
-                                          and hashlib.md5(data, usedforsecurity=False).hexdigest() != etag):
+        changed = len(data) != want["size"]
+        if not changed and self._etags_are_md5 and re.fullmatch(r"[0-9a-f]{32}", etag) and \
+                hashlib.md5(data, usedforsecurity=False).hexdigest() != etag:
+            changed = storage.object_info(url)["etag"] != etag
+            if not changed:
+                self._etags_are_md5 = False
+                log.info("%s: its ETag is not the MD5 of its bytes (SSE-KMS or SSE-C): copies from this store are "
+                         "checked by their size", url)
+        if changed:
             raise storage.StoreError(f"{url}: read {len(data)} bytes that do not match the listing ({want['size']} "
                                      f"bytes, ETag {etag}); the object changed during the run: start it again")
 
-    @staticmethod
-    def _read_copy(path: Path) -> bytes:
-        """A copy's bytes (FileNotFoundError when there is none): what storage.get_object wrote."""
-        return path.read_bytes()
+    def _read_copy(self, url: str) -> bytes | None:
+        """A whole copy's bytes, or None (no copy, or one whose size is not the listing's: an
+        earlier run's, cut short; the next fetch replaces it)."""
+        try:
+            data = self.path(url).read_bytes()
+        except FileNotFoundError:
+            return None
+        return data if len(data) == self.objects[url]["size"] else None
 
     def evict(self, url: str) -> None:
         """Remove the copy and its bytes from the count."""
@@ -148,6 +173,12 @@ class ObjectCache:
         except FileNotFoundError:
             return
         self.release(size)
+
+    def close(self) -> None:
+        """Give up the folder's claim (``storage/read_ahead.py:split_folder``): another run may use it."""
+        claim, self.folder_claim = getattr(self, "folder_claim", None), None
+        if claim is not None:
+            os.close(claim)
 
     def held(self, url: str) -> bool:
         return self.path(url).exists()

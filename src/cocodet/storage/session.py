@@ -38,6 +38,7 @@ class StoreSettings:
     timeout_s: float = 60.0
     retries: int = 5
     give_up_s: float = 120.0
+    rank: int = 0  # the process's global rank (cocodet/ranks.py), named in each request's User-Agent
 
 
 _settings = StoreSettings()
@@ -51,12 +52,15 @@ _object_cache = None  # the node-local read-ahead cache (storage/object_cache.py
 
 
 def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retries: int = 5,
-              give_up_s: float = 120.0, **read_ahead) -> None:
+              give_up_s: float = 120.0, rank: int | None = None, **read_ahead) -> None:
     """Set how remote URLs are opened, for this process and the workers it forks
-    (``read_ahead``: the remote group's read-ahead keys, used by ``storage/prefetch.py``)."""
+    (``rank``: this process's global rank, read once by ``cocodet/ranks.py``; None keeps the one
+    configured before, as the datamodule's own call does; ``read_ahead``:
+    the remote group's read-ahead keys, used by ``storage/read_ahead.py``)."""
     global _settings, _counts, _object_cache, _down_since
     options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
-    _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s))
+    _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s),
+                              _settings.rank if rank is None else int(rank))
     _filesystems.clear()
     _object_cache = None
     if _counts is None:
@@ -145,10 +149,9 @@ def filesystem(url: str):
             # One attempt per request: call() alone retries (back-off with jitter, the give-up
             # clock shared by every process); botocore's and s3fs's own retries would stack.
             config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
-            # Which rank asked, in the store's access log: User-Agent "... cocodet/rank-N" (RANK,
-            # else LOCAL_RANK: Lightning's launcher sets only the latter on one host).
-            rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
-            config.setdefault("user_agent_extra", f"cocodet/rank-{rank}")
+            # Which rank asked, in the store's access log: User-Agent "... cocodet/rank-N", the
+            # global rank that configure() was given (ranks.py reads it for every launcher).
+            config.setdefault("user_agent_extra", f"cocodet/rank-{_settings.rank}")
             options["config_kwargs"] = config
         fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
         if hasattr(fs, "retries"):
