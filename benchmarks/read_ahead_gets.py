@@ -26,9 +26,10 @@ sys.path.insert(0, str(REPO / "tests"))  # the test helpers that start a store a
 from moto_store import DUMMY_KEYS, filled_store, recorded  # noqa: E402
 
 BUCKET = "coco-gets"
-PARTNERS = {"whole dataset (`augment.partners=dataset`, the default)": ["augment.partners=dataset"],
+PARTNERS = {"whole dataset (`augment.partners=dataset`)": ["augment.partners=dataset"],
             "pools of 8 (`augment.partner_pool=8`)": ["augment.partner_pool=8"],
-            "window of 48 (`augment.partners=window`)": ["augment.partners=window", "augment.partner_window=48"]}
+            "window of 48 (`augment.partners=window`, the default)": ["augment.partners=window",
+                                                                        "augment.partner_window=48"]}
 FRACTIONS = {"1/8": 1 / 8, "1/4": 1 / 4, "1/2": 1 / 2, "split": 1.0}
 
 

@@ -204,15 +204,16 @@ def test_mosaic_pad_share_matches_the_pixels():
 # Updated for issue 45: partners are drawn from the whole dataset again (augment.partner_pool
 # null), which five seeds a side scored mAP +0.039 over pools of 8 (docs/studies.md); the pools'
 # stream (augment.partner_pool=8) is unchanged.
-# Issue 54 adds window partners (augment.partners=window, W = 48), frozen beside it; the default
-# stays whole-dataset partners until the window's five-seed study is complete (docs/studies.md).
-REFERENCE_DIGEST = "aa867de2fd25627216674c7ead9335fb15cd441f1c7f34070c7ac267826a2e34"
-WINDOW_REFERENCE_DIGEST = "1b44e6454ed069176e2dadf6daf314c1ecc2cb36da5c3e1ef680928cfa54d5b3"
+# Updated for issue 54: window partners (augment.partners=window, W = 48) are the default, after
+# five seeds a side put them 0.0081 mAP below whole-dataset partners, inside the study's bar
+# 0.0176 (docs/studies.md); the whole-dataset and pooled streams are kept frozen beside it.
+REFERENCE_DIGEST = "1b44e6454ed069176e2dadf6daf314c1ecc2cb36da5c3e1ef680928cfa54d5b3"
+WHOLE_DATASET_REFERENCE_DIGEST = "aa867de2fd25627216674c7ead9335fb15cd441f1c7f34070c7ac267826a2e34"  # issue 45 to 54
 POOLED_REFERENCE_DIGEST = "0cdfd22fdf330f420cb84c8647198fb781dd515695a50a4d4677c0e07ce2483d"  # the default until issue 45
 
 
 @pytest.mark.parametrize("partners,digest", [(None, REFERENCE_DIGEST),
-                                             ("augment.partners=window", WINDOW_REFERENCE_DIGEST),
+                                             ("augment.partners=dataset", WHOLE_DATASET_REFERENCE_DIGEST),
                                              ("augment.partner_pool=8", POOLED_REFERENCE_DIGEST)])
 def test_default_train_stream_matches_the_frozen_reference(coco_tiny, tmp_path, partners, digest):
     extra = [] if partners is None else [partners]

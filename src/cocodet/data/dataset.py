@@ -156,6 +156,17 @@ class DetectionDataset(torch.utils.data.Dataset):
         return [i] + [int(others[rng.integers(len(others))]) if others else int(rng.integers(len(self.index)))
                       for _ in range(self.recipe.partners(rng))]
 
+    def planned_epoch_reads(self, keys) -> list[list[int]]:
+        """:meth:`planned_reads` of an epoch's keys, in order. With the window cache, an image is
+        read from the store once per epoch: among the first W + 1 positions a sample may draw a
+        partner ahead of itself, which is then in the cache when its own position comes (read
+        in order, the plan is the reads exactly; ``tests/test_read_ahead.py``)."""
+        reads = [self.planned_reads(key) for key in keys]
+        if self.window_cache is None or not getattr(self.recipe, "partner_window", 0):
+            return reads
+        seen: set[int] = set()
+        return [[k for k in r if not (k in seen or seen.add(k))] for r in reads]
+
     def __getitem__(self, key: Any) -> dict:
         return self.__getitems__([key])[0]
 

@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 def epoch_reads(sampler, dataset, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     """(this rank's reads of ``epoch`` in order, offsets of each sample's reads): the sampler's
-    keys, each with ``dataset.planned_reads``."""
-    reads = [dataset.planned_reads(key) for key in sampler.epoch_keys(epoch)]
+    keys, with ``dataset.planned_epoch_reads``."""
+    reads = dataset.planned_epoch_reads(list(sampler.epoch_keys(epoch)))
     offsets = np.cumsum([0] + [len(r) for r in reads])
     return (np.concatenate(reads).astype(np.int64) if reads else np.zeros(0, np.int64)), offsets
 
