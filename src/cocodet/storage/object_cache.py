@@ -96,13 +96,18 @@ class ObjectCache:
             fd = claim_file(part)
             if fd is not None:
                 return self._fetch_into(url, part, fd, miss, reserved)
-            data = self._read_copy(url)  # published while we looked
+            data = self._found(url, reserved)  # published while we looked
             if data is not None:
-                if reserved:
-                    self.release(len(data))
                 return data
             storage.check_store_up(url, "a copy another process fetches")  # it retries; we give up with it
             time.sleep(POLL_S)
+
+    def _found(self, url: str, reserved: bool) -> bytes | None:
+        """A whole copy's bytes, another's, with a reservation made for it given back; None if none."""
+        data = self._read_copy(url)
+        if data is not None and reserved:
+            self.release(len(data))
+        return data
 
     def _part(self, url: str) -> Path:
         path = self.path(url)
@@ -111,10 +116,8 @@ class ObjectCache:
     def _fetch_into(self, url: str, part: Path, fd: int, miss: bool, reserved: bool) -> bytes:
         """Holding the claim ``fd`` on ``part``: fetch, check, and publish by renaming ``part``."""
         try:
-            data = self._read_copy(url)
+            data = self._found(url, reserved)
             if data is not None:  # published between our look and our claim
-                if reserved:
-                    self.release(len(data))
                 self._unlink(part)
                 return data
             data = storage.get_object(url)

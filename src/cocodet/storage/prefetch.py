@@ -181,17 +181,14 @@ class Prefetcher:
         stop at the first that cannot fit."""
         if free_slots <= 0 or lead_at >= ahead_at:
             return
-        n = len(self.paths)
-        next_read = np.full(n, NEVER, dtype=np.int64)  # [N] first future read of each object
-        np.minimum.at(next_read, future, np.arange(len(future), dtype=np.int64))
-        beyond = np.full(n, NEVER, dtype=np.int64)  # [N] its first read not yet handed to the workers
-        np.minimum.at(beyond, future[lead_at:ahead_at], np.arange(lead_at, ahead_at, dtype=np.int64))
-        wanted = np.flatnonzero((beyond < NEVER) & ~held & self.plannable & ~self._failed_mask())
+        next_read = first_reads(future, len(self.paths))  # [N] first future read of each object
+        beyond = first_reads(future[lead_at:ahead_at], len(self.paths), lead_at)  # ... not yet handed out
+        wanted = np.flatnonzero((beyond < NEVER) & ~held & self.plannable & ~self._mask(self.failed))
         wanted = wanted[np.argsort(beyond[wanted], kind="stable")][:free_slots]
         if not len(wanted):
             return
         # Eviction candidates, needed latest first: copies not being fetched and past their pin.
-        victims = np.flatnonzero(held & unpinned & ~self._inflight_mask())
+        victims = np.flatnonzero(held & unpinned & ~self._mask(self.inflight))
         victims = victims[np.argsort(-next_read[victims], kind="stable")]
         taken = 0  # victims[:taken] are evicted
         for k in wanted.tolist():
@@ -204,14 +201,10 @@ class Prefetcher:
                 taken += 1
             yield k, start + read
 
-    def _failed_mask(self) -> np.ndarray:
+    def _mask(self, indices) -> np.ndarray:
+        """[N] True at ``indices`` (dataset indices: the failed, the in-flight)."""
         mask = np.zeros(len(self.paths), dtype=bool)
-        mask[list(self.failed)] = True
-        return mask
-
-    def _inflight_mask(self) -> np.ndarray:
-        mask = np.zeros(len(self.paths), dtype=bool)
-        mask[list(self.inflight)] = True
+        mask[list(indices)] = True
         return mask
 
     def _hold(self, k: int, read_at: int = -1) -> None:
@@ -255,9 +248,7 @@ class Prefetcher:
         self._adopt_folder()
         held = np.flatnonzero(self.held_mask)
         self.cache.release(-int(self.sizes[held].sum()))  # counted now: they are on disk
-        future = self._future()[0]
-        next_read = np.full(len(self.paths), NEVER, dtype=np.int64)
-        np.minimum.at(next_read, future, np.arange(len(future), dtype=np.int64))
+        next_read = first_reads(self._future()[0], len(self.paths))
         for k in held[np.argsort(-next_read[held], kind="stable")].tolist():
             if self.cache.held_bytes() <= self.budget:
                 break
@@ -267,6 +258,14 @@ class Prefetcher:
         return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_bytes, "concurrency": self.concurrency,
                 "lead_samples": self.lead, "failed_objects": len(self.failed),
                 "working_set_objects": self.working_set[0], "working_set_bytes": self.working_set[1]}
+
+
+def first_reads(reads: np.ndarray, n: int, offset: int = 0) -> np.ndarray:
+    """[n] the position (``offset`` + index in ``reads``) of each object's first read; NEVER
+    for an object not read."""
+    first = np.full(n, NEVER, dtype=np.int64)
+    np.minimum.at(first, reads, np.arange(offset, offset + len(reads), dtype=np.int64))
+    return first
 
 
 def _read_at(sample_offsets: list[np.ndarray], samples: int, end: int) -> int:
