@@ -4,7 +4,7 @@
     python benchmarks/scaling_table.py                       # 8 ranks, 64 cores, 64 MB vs 8 GB /dev/shm
     python benchmarks/scaling_table.py --ranks 4 --cores 32 --memory-gb 256 --batch 32
 
-Prints a Markdown table (README "Scaling out").
+Prints a Markdown table (docs/reference.md "Scaling out").
 """
 
 from __future__ import annotations

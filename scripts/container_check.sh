@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the cocodet image with the container engine found, then prove the container path
-# (README, "Docker and GPU hosts"): the plan inside --shm-size=64m --cpus=1, a training run as
+# (README, "GPU hosts and containers"): the plan inside --shm-size=64m --cpus=1, a training run as
 # an arbitrary --user, the cache volume, a bench in 64 MB, a stop/resume with an equal
 # stream_digest, and the image's size and build times.
 #

@@ -1,4 +1,4 @@
-"""The measurement harness: a real sweep, its report and plot, and the two directions of README's "Where the loop waits"."""
+"""The measurement harness: a real sweep, its report and plot, and the two directions of docs/benchmarks.md's "Where the loop waits"."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_sweep_report_and_plot(tmp_path, synthetic_root):
 @pytest.mark.slow
 @pytest.mark.serial  # a throughput ratio on one pinned core: nothing else may share it
 def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
-    """README's "Where the loop waits" tables, reduced: pinned to one core, 0 vs 4 workers."""
+    """docs/benchmarks.md's "Where the loop waits" tables, reduced: pinned to one core, 0 vs 4 workers."""
     rows = sweep(tmp_path / "s", synthetic_root, "bench.producer=sleep,spin", "loader.num_workers=0,4",
                  "bench.producer_ms=2", "loader.batch_size=32", "bench.consumer=spin", "bench.work_ms=8",
                  "bench.batches=40", "bench.warmup=12", "loader.persistent_workers=false",

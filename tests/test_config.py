@@ -43,7 +43,7 @@ def test_readme_lists_exactly_the_options_of_each_group():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] if line.startswith("| `") else []
         if len(cells) == 3:
             for group in re.findall(r"`(\w+)`", cells[0]):
-                table[group] = set(re.findall(r"`(\w+)`", cells[1].split("(")[0] + " " + cells[1]))
+                    table.setdefault(group, set()).update(re.findall(r"`(\w+)`", cells[1]))  # a group may take two rows
     for group in ["dataset", "loader", "augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]:
         named = {o for o in table[group] if (CONF / group / f"{o}.yaml").is_file()}
         assert named == set(options(group)), (group, sorted(named), options(group))

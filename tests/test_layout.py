@@ -1,4 +1,4 @@
-"""The package layering (design §1, README "Layout") read from the source: every import, those
+"""The package layering (design §1, README "Project layout") read from the source: every import, those
 inside functions and under ``TYPE_CHECKING`` included, followed transitively.
 
 How modules are classified: a module inside a package (``cocodet.coco.index``) belongs to that

@@ -1,7 +1,7 @@
 """Real photographs learned end to end: a detector trained from scratch memorises 4 coco_tiny
 images, and two faults on the way back to the stored image's frame and category ids each
 cost it most of its score. A fault in the training targets is covered by the clean run: it
-would not learn. README "Real images" has the longer run and its learning curve."""
+would not learn. docs/studies.md "Real images" has the longer run and its learning curve."""
 
 from __future__ import annotations
 

@@ -5,6 +5,12 @@ traceback. :class:`BadSampleError` is the one error that is not the user's: an i
 annotation that cannot be used, which ``dataset.on_bad_sample`` decides about.
 """
 
+# Every value of a training summary's ``status``: how the run ended. ``completed`` and
+# ``preempted`` (SIGTERM) come from ``models/fit.py``; the others are the ``status`` of the
+# RunStopped that ended the run (``store_down`` is storage's StoreDown). README "Watching a run"
+# and design §2 list them; tests/test_readme.py checks both lists and every status set in src/.
+RUN_STATUSES = ("completed", "preempted", "store_down", "disk_full", "diverged", "collapsed")
+
 
 class UserError(Exception):
     """A mistake the user can fix (a value, an option, a path); printed as one line, exit 2."""

@@ -1,7 +1,7 @@
 """What the data side hands the loader: the sampler's batch keys and one sample's fields.
 
 The bottom layer both ``data/`` (which builds samples) and ``loader/`` (whose collate flattens
-them) import, so that neither imports the other (README, Layout).
+them) import, so that neither imports the other (README "Project layout").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Controlled producers and consumers for experiments (README, Benchmarks: "Where the loop waits")."""
+"""Controlled producers and consumers for experiments (docs/benchmarks.md, "Where the loop waits")."""
 
 from __future__ import annotations
 

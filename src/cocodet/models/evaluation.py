@@ -1,6 +1,6 @@
 """COCO mAP on original image coordinates and category ids, through one of two COCOeval
 implementations (``model.eval_backend``): ``faster`` (faster-coco-eval, C++; equal to
-pycocotools to 1e-4 on every stat and the full precision array, README "Evaluation backends")
+pycocotools to 1e-4 on every stat and the full precision array, docs/benchmarks.md "Evaluation backends")
 or ``pycocotools`` (the reference)."""
 
 from __future__ import annotations

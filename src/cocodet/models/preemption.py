@@ -76,15 +76,32 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+def run_of(checkpoint: Path) -> Path:
+    """The run folder a checkpoint belongs to: ``<run>/checkpoints/x.ckpt`` or ``<run>/hpc_ckpt_N.ckpt``."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+
+
 def find_last_checkpoint(run_dir: Path, outputs_root: Path) -> Path:
-    """``ckpt_path=last``: the newest checkpoint in ``run_dir`` (a requeued job passing the
-    same ``hydra.run.dir``), else in the newest run under ``outputs_root`` that has one."""
-    newest = newest_checkpoint
-    here = newest(run_dir)
+    """``ckpt_path=last``: the newest checkpoint of any kind (``last``, ``resume``, the best,
+    ``hpc_ckpt_*``, by mtime) in ``run_dir`` (a requeued job passing the same ``hydra.run.dir``),
+    else the newest of any run under ``outputs_root``. Any kind: a run preempted before its
+    first epoch end holds only ``resume.ckpt``, and skipping it would resume an older run."""
+    here = newest_checkpoint(run_dir)
     if here is not None:
         return here
-    candidates = [c for c in (newest(d.parent.parent) for d in outputs_root.glob("**/checkpoints/last.ckpt")) if c]
-    if not candidates:
+    found = [*outputs_root.glob("**/checkpoints/*.ckpt"), *outputs_root.glob("**/hpc_ckpt_*.ckpt")]
+    if not found:
         raise UserError(f"ckpt_path=last found no checkpoint in {run_dir} nor in any run under {outputs_root}; "
                         "pass hydra.run.dir=<the interrupted run's folder> or ckpt_path=<file>")
-    return max(candidates, key=lambda p: p.stat().st_mtime)
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+def resume_line(checkpoint: Path, run_dir: Path) -> str:
+    """The one stderr line ``ckpt_path=last`` prints before resuming: which run and file it took
+    and, when Hydra made a new folder for this command, where the run writes now and how to
+    continue in the original folder instead."""
+    source = run_of(checkpoint)
+    if source.resolve() == run_dir.resolve():
+        return f"ckpt_path=last: resuming {checkpoint} in this run's folder {run_dir}"
+    return (f"ckpt_path=last: resuming run {source} from {checkpoint.name}; this run writes to {run_dir}; "
+            f"to continue in the original folder pass hydra.run.dir={source.resolve()}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -221,10 +222,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path):
 
 
 def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
-    """``ckpt_path``: a file; ``last``, the newest checkpoint of this run dir (else of the
-    newest run); ``last_if_any``, the newest of this run dir if it has one, else none (start
+    """``ckpt_path``: a file; ``last``, the newest checkpoint of any kind of this run dir (else
+    of any run under ``outputs/``); ``last_if_any``, the newest of this run dir if it has one, else none (start
     fresh): what a rescheduled pod running its first command needs, and never another run's."""
-    from cocodet.models.preemption import find_last_checkpoint, newest_checkpoint
+    from cocodet.models.preemption import find_last_checkpoint, newest_checkpoint, resume_line
 
     ckpt = cfg.get("ckpt_path")
     if ckpt == "last_if_any":
@@ -234,7 +235,8 @@ def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
     if ckpt != "last":
         return ckpt
     path = find_last_checkpoint(run_dir, Path("outputs"))
-    log.info("ckpt_path=last: resuming %s", path)
+    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one line per run, not per rank
+        print(resume_line(path, run_dir), file=sys.stderr, flush=True)
     return str(path)
 
 
