@@ -68,15 +68,17 @@ class ResourceProbe(L.Callback):
 class NonFiniteLossAt(L.Callback):
     """From optimizer step ``step``, for ``count`` steps, the detector's first loss term comes
     out NaN, on rank ``rank`` only (None: every rank): what an overflow does to one rank's
-    forward pass."""
+    forward pass. ``first_micro_batch_only``: with gradient accumulation, only the first
+    micro-batch of each such step (the others stay finite)."""
 
-    def __init__(self, step: int, count: int = 1, rank: int | None = None):
-        self.step, self.count, self.rank = step, count, rank
+    def __init__(self, step: int, count: int = 1, rank: int | None = None, first_micro_batch_only: bool = False):
+        self.step, self.count, self.rank, self.first_only = step, count, rank, first_micro_batch_only
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         model = pl_module.model
         hit = self.step <= trainer.global_step < self.step + self.count
         hit = hit and (self.rank is None or trainer.global_rank == self.rank)
+        hit = hit and (not self.first_only or batch_idx % trainer.accumulate_grad_batches == 0)
         if hit and "forward" not in vars(model):
             real = model.forward
 
@@ -89,3 +91,34 @@ class NonFiniteLossAt(L.Callback):
             model.forward = forward
         elif not hit and "forward" in vars(model):
             del model.forward
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if "forward" in vars(pl_module.model):  # never into validation (an epoch may end inside a step)
+            del pl_module.model.forward
+
+
+class ParametersAcrossSteps(L.Callback):
+    """For each optimizer step in ``steps``: how many parameters the step changed, on this rank,
+    appended as one JSON line to ``<path>.rank<R>``. Snapshot at the step's first micro-batch,
+    compared once the step is taken."""
+
+    def __init__(self, path: str, steps: list[int]):
+        self.path, self.steps, self.before = path, list(steps), {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        step = trainer.global_step
+        if step in self.steps and step not in self.before:
+            self.before[step] = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import json
+
+        import torch
+
+        step = trainer.global_step - 1  # the step just taken
+        before = self.before.get(step)
+        if before is not None and step in self.steps:
+            self.steps.remove(step)
+            changed = [n for n, p in pl_module.named_parameters() if not torch.equal(p.detach(), before[n])]
+            with open(f"{self.path}.rank{trainer.global_rank}", "a") as f:
+                f.write(json.dumps({"step": step, "changed": len(changed), "of": len(before)}) + "\n")

@@ -4,6 +4,8 @@ another architecture or ask for more than tensors."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torchvision.models as tvm
 import torchvision.models.detection as tvd
@@ -94,3 +96,26 @@ def test_ssd300_takes_vgg16_features_and_refuses_the_imagenet_classifier(tmp_pat
     model = build_detector("ssd300_vgg16", num_classes=3, image_size=128,
                            weights_backbone_path=saved(tmp_path, "vgg16_features", features))
     assert torch.equal(model.backbone.features[0].weight, features["features.0.weight"])
+
+
+def test_a_pretrained_resnet18_backbone_keeps_frozen_batch_norm_in_fcos_resnet18_fpn(tmp_path):
+    """As torchvision's builders do with a pretrained backbone: FrozenBatchNorm2d, so that small
+    per-GPU batches cannot drift the trained statistics; from scratch, plain BatchNorm2d learns."""
+    path = saved(tmp_path, "r18", tvm.resnet18().state_dict())
+    body = build_detector("fcos_resnet18_fpn", num_classes=3, image_size=128, weights_backbone_path=path).backbone.body
+    assert sum(isinstance(m, FrozenBatchNorm2d) for m in body.modules()) == 20
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in body.modules())
+    scratch = build_detector("fcos_resnet18_fpn", num_classes=3, image_size=128).backbone.body
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in scratch.modules()) == 20
+
+
+@pytest.mark.parametrize("name", ["retinanet_resnet50_fpn", "fcos_resnet50_fpn"])
+def test_a_replaced_class_layer_starts_from_the_prior_probability(tmp_path, name):
+    """The new cls_logits of RetinaNet and FCOS starts every class at probability 0.01, as
+    torchvision's heads do: bias -log(0.99 / 0.01), not a bias one COCO class learned."""
+    torch.manual_seed(4)
+    state = getattr(tvd, name)(weights=None, weights_backbone=None, num_classes=91).state_dict()
+    state["head.classification_head.cls_logits.bias"] = torch.linspace(0.5, 2.0, len(state["head.classification_head.cls_logits.bias"]))
+    model = build_detector(name, num_classes=3, image_size=128, weights_path=saved(tmp_path, name, state))
+    bias = model.head.classification_head.cls_logits.bias
+    assert torch.allclose(bias, torch.full_like(bias, -math.log(0.99 / 0.01)))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from functools import partial
@@ -15,7 +14,7 @@ from cocodet import schema
 from cocodet.models.evaluation import (DEFAULT_BACKEND, STAT_NAMES, detections_to_coco, evaluate, load_ground_truth,
                                       to_original_frame)
 from cocodet.errors import TrainingStopped
-from cocodet.models.health import HealthConfig, StepHealth, agree, confident_count, warmup_steps
+from cocodet.models.health import HealthConfig, StepHealth, agree, confident_count
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +71,7 @@ class DetectorModule(L.LightningModule):
         self._scale_before: float | None = None
         self.lr_scaling = dict(lr_scaling) if lr_scaling else None
         self.lr_record: dict = {}  # global_batch and effective_lr, for summary.json
+        self._warmup_end = 0  # set where the schedule is built
 
     def configure_callbacks(self):
         if self.ema_decay is None:
@@ -92,17 +92,15 @@ class DetectorModule(L.LightningModule):
         bad = [name for name, v in values.items() if not math.isfinite(v)]
         if not bad:
             self.health.watch_flat_terms(values, self.global_step)
-        # Every rank takes the same decision, or DDP's next gradient all-reduce would hang.
+        # Every rank takes the same decision, or DDP's next gradient all-reduce would hang. The
+        # micro-batch's verdict joins its optimizer step's window: with gradient accumulation a
+        # non-finite micro-batch stays in .grad, so the step is decided over the whole window
+        # (on_before_optimizer_step).
         nonfinite, stop = agree([bool(bad), self.health.stop_reason is not None], self.device)
-        self.health.last_step_skipped = nonfinite
         if nonfinite:
-            lr = self.learning_rate()
             keys = [(*(int(x) for x in t["sample_key"].tolist()), int(t["image_id"])) for t in targets]
-            self.health.record_skip(self.global_step, self.current_epoch, bad, values, keys, lr)
-            if self.health.consecutive >= self.health.config.max_nonfinite_steps:
-                raise TrainingStopped(self.health.diverged_message(lr), "diverged")
+            self.health.window.note(bad, values, keys)
         else:
-            self.health.consecutive = 0
             bs = len(images)
             self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
             self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
@@ -115,13 +113,17 @@ class DetectorModule(L.LightningModule):
         return float(self.trainer.optimizers[0].param_groups[0]["lr"]) if self.trainer.optimizers else float("nan")
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """After backward (and fp16 unscaling), before clipping and the step. A skipped step
+        """After the window's last backward (and fp16 unscaling), before clipping and the step:
+        once per optimizer step. A step whose window held a non-finite micro-batch on any rank
         drops every gradient: torch's optimizers leave a parameter without one untouched (no
         update, no momentum or weight decay, no step count), and so does the EMA."""
-        if self.health.last_step_skipped:
+        lr = self.learning_rate()
+        if self.health.end_window(self.global_step, self.current_epoch, lr):
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     p.grad = None
+            if self.health.consecutive >= self.health.config.max_nonfinite_steps:
+                raise TrainingStopped(self.health.diverged_message(lr), "diverged")
             return
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         self._scale_before = float(scaler.get_scale()) if scaler is not None else None
@@ -170,8 +172,8 @@ class DetectorModule(L.LightningModule):
                 image_id, boxes, out["scores"].float().cpu().numpy()[keep], self.category_ids[labels - 1]))
 
     def warmup_end(self) -> int:
-        configs = self.trainer.lr_scheduler_configs if self._trainer is not None else []
-        return max([warmup_steps(c.scheduler) for c in configs], default=0)
+        """The optimizer step at which the schedule's warm-up ends (0 without a schedule)."""
+        return self._warmup_end
 
     def on_validation_epoch_end(self):
         """COCOeval once, on rank 0, over every rank's detections with padded repeats removed;
@@ -233,47 +235,16 @@ class DetectorModule(L.LightningModule):
             self._resume_position = None
 
     def configure_optimizers(self):
+        from cocodet.models.optimization import build_optimization
+
         params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params=params, **self._scaled_lr())
-        self.lr_record["effective_lr"] = optimizer.param_groups[0]["lr"]
-        if self.scheduler_factory is None or self._trainer is None:  # no run length to size a schedule by
-            return optimizer
-        kwargs = {}
-        func = getattr(self.scheduler_factory, "func", self.scheduler_factory)
-        accepted = inspect.signature(func).parameters
-        given = getattr(self.scheduler_factory, "keywords", {})
-        total = int(self.trainer.estimated_stepping_batches)
-        if self.scheduler_interval == "epoch":
-            total = int(self.trainer.max_epochs or 1)
-        for name in ("total_steps", "T_max"):
-            if name in accepted and name not in given:
-                kwargs[name] = total
-        epochs = int(self.trainer.max_epochs or 1)
-        for name, value in (("epochs", epochs), ("steps_per_epoch", -(-int(self.trainer.estimated_stepping_batches) // epochs))):
-            if name in accepted and name not in given:
-                kwargs[name] = value
-        scheduler = self.scheduler_factory(optimizer, **kwargs)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
-
-    def _scaled_lr(self) -> dict:
-        """``{"lr": ...}`` scaled to this run's global batch (``lr_scaling``), logged; {} without it."""
-        if self._trainer is None:
-            return {}
-        trainer = self.trainer
-        batch = int(getattr(trainer.datamodule, "batch_size", 0) or 0) if trainer.datamodule is not None else 0
-        accumulate = int(trainer.accumulate_grad_batches)
-        global_batch = trainer.world_size * batch * accumulate
-        self.lr_record = {"global_batch": global_batch}
-        if not self.lr_scaling or not batch:
-            return {}
-        from cocodet.models.reference_schedule import scaled_lr
-
-        ref_lr, ref_batch = float(self.lr_scaling["reference_lr"]), int(self.lr_scaling["reference_batch"])
-        lr = scaled_lr(ref_lr, ref_batch, global_batch)
-        log.info("learning rate scaled linearly: the reference's %g at global batch %d -> %g at this run's global batch "
-                 "%d (%d rank(s) x loader.batch_size %d x accumulate_grad_batches %d)", ref_lr, ref_batch, lr,
-                 global_batch, trainer.world_size, batch, accumulate)
-        return {"lr": lr}
+        built = build_optimization(params, self.optimizer_factory, self.scheduler_factory, self.scheduler_interval,
+                                   self._trainer, self.lr_scaling)
+        self.lr_record, self._warmup_end = built.record, built.warmup_end
+        if built.scheduler is None:
+            return built.optimizer
+        return {"optimizer": built.optimizer, "lr_scheduler": {"scheduler": built.scheduler,
+                                                               "interval": self.scheduler_interval}}
 
 
 def merge_rank_detections(shares: list[dict[int, list[dict]]]) -> tuple[dict[int, list[dict]], int]:

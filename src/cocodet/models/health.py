@@ -1,16 +1,19 @@
-"""Training health (design §12): a step whose loss is not finite on any rank is skipped on
-every rank, a run of them ends the run as diverged, and a collapse (a loss term frozen at one
-value, or no confident prediction after the warm-up) is named in a warning.
+"""Training health (design §12): an optimizer step whose accumulation window held a
+non-finite loss on any rank is skipped on every rank, a run of them ends the run as diverged,
+and a collapse (a loss term frozen at one value, or confident predictions that fell to none
+after the warm-up) is named in a warning.
 
 :class:`StepHealth` holds the bookkeeping of one run; the module calls it. It decides nothing
-alone under DDP: each step's verdict is one small all-reduce (``[non-finite, stop]``, max over
-ranks), so every rank skips the same steps and stops at the same step.
+alone under DDP: each micro-batch's verdict is one small all-reduce (``[non-finite, stop]``,
+max over ranks), and the optimizer step is skipped when any micro-batch of its window was
+non-finite, so every rank skips the same steps and stops at the same step.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -49,17 +52,35 @@ class FlatTerm:
 
 
 @dataclass
+class Window:
+    """The micro-batches of one optimizer step (``trainer.accumulate_grad_batches`` of them):
+    the first non-finite one's terms, losses and samples, for the record of a skipped step."""
+
+    nonfinite: bool = False
+    terms: list[str] = field(default_factory=list)
+    losses: dict[str, float] = field(default_factory=dict)
+    samples: list = field(default_factory=list)
+
+    def note(self, terms: list[str], losses: dict[str, float], samples: list) -> None:
+        if not self.nonfinite:
+            self.nonfinite, self.terms, self.losses, self.samples = True, terms, losses, samples
+
+
+@dataclass
 class StepHealth:
     config: HealthConfig
-    consecutive: int = 0     # non-finite steps in a row, now
-    skipped: int = 0         # non-finite steps skipped in this run (a resume restores it)
-    skipped_steps: list[dict] = field(default_factory=list)
+    consecutive: int = 0     # optimizer steps skipped in a row, now
+    skipped: int = 0         # optimizer steps skipped in this run (a resume restores it)
+    skipped_steps: list[dict] = field(default_factory=list)  # the first SKIP_LOG_LIMIT, for the summary
+    recent: deque = field(default_factory=deque)  # the skips of the current run of them (the diverged message)
     amp_skipped: int = 0     # steps the fp16 GradScaler skipped on its own (GPU only)
     flat: dict[str, FlatTerm] = field(default_factory=dict)
     warnings: list[dict] = field(default_factory=list)
     confident_predictions: int | None = None  # at the last validation
+    most_confident: int = 0  # the most confident predictions any validation of this run found
     stop_reason: str | None = None  # set on the step that must stop the run (collapse, stop mode)
-    last_step_skipped: bool = False  # this step's verdict (the optimizer, scheduler and EMA read it)
+    window: Window = field(default_factory=Window)  # the micro-batches since the last optimizer step
+    last_step_skipped: bool = False  # the last optimizer step's verdict (the scheduler and EMA read it)
 
     # -- one training step ---------------------------------------------------------------
     def watch_flat_terms(self, losses: dict[str, float], step: int) -> None:
@@ -78,20 +99,36 @@ class StepHealth:
                           f"for {step - term.since_step + 1} steps, from step {term.since_step} to step {step}: the "
                           "model has likely collapsed (it stops learning from that term); " + COLLAPSE_ADVICE)
 
+    def end_window(self, step: int, epoch: int, lr: float) -> bool:
+        """The verdict of the optimizer step ``step``, over its whole accumulation window (the
+        same on every rank: each micro-batch's verdict was agreed): skip it when any micro-batch
+        was non-finite. Counts skips per optimizer step, and the steps in a row."""
+        window, self.window = self.window, Window()
+        self.last_step_skipped = window.nonfinite
+        if window.nonfinite:
+            self.record_skip(step, epoch, window.terms, window.losses, window.samples, lr)
+        else:
+            self.consecutive = 0
+            self.recent.clear()
+        return window.nonfinite
+
     def record_skip(self, step: int, epoch: int, terms: list[str], losses: dict[str, float], keys: list, lr: float):
         self.consecutive += 1
         self.skipped += 1
+        # Non-finite values as words: the summary is strict JSON (NaN is not).
+        shown = {k: (round(v, 6) if math.isfinite(v) else str(v)) for k, v in losses.items()}
+        entry = {"step": step, "epoch": epoch, "terms": terms, "losses": shown, "lr": lr, "samples": keys}
+        self.recent.append(entry)
+        while len(self.recent) > self.config.max_nonfinite_steps:
+            self.recent.popleft()
         if len(self.skipped_steps) < SKIP_LOG_LIMIT:
-            # Non-finite values as words: the summary is strict JSON (NaN is not).
-            shown = {k: (round(v, 6) if math.isfinite(v) else str(v)) for k, v in losses.items()}
-            entry = {"step": step, "epoch": epoch, "terms": terms, "losses": shown, "lr": lr, "samples": keys}
             self.skipped_steps.append(entry)
             log.warning("step %d skipped on every rank: non-finite loss (%s) at learning rate %.3g; losses %s; "
                         "samples (epoch, index, image_id) %s", step, ", ".join(terms) or "on another rank", lr,
                         shown, keys)
 
     def diverged_message(self, lr: float) -> str:
-        recent = self.skipped_steps[-self.consecutive:] if self.consecutive <= len(self.skipped_steps) else []
+        recent = list(self.recent)[-self.consecutive:]
         steps = [e["step"] for e in recent] or ["?"]
         terms = sorted({t for e in recent for t in e["terms"]}) or ["(another rank's)"]
         return (f"training diverged: {self.consecutive} steps in a row had a non-finite loss "
@@ -102,13 +139,19 @@ class StepHealth:
 
     # -- one validation ------------------------------------------------------------------
     def watch_predictions(self, confident: int, step: int, warmup_end: int) -> None:
+        """Warn when confident predictions fall to none after an earlier validation of this run
+        found some (and the warm-up has ended). None from the start is not evidence: a detector
+        trained from scratch predicts nothing confident in its first epochs, and a warning that
+        fires on healthy runs is one users learn to ignore. A model that never learns is caught
+        by its frozen loss terms (``watch_flat_terms``)."""
         self.confident_predictions = confident
         warned = any(w["kind"] == "no_predictions" for w in self.warnings)  # once a run: the log says when it began
-        if confident == 0 and step >= warmup_end and not warned:
+        if confident == 0 and self.most_confident > 0 and step >= warmup_end and not warned:
             self.warn("no_predictions", "predictions", step,
                       f"validation at step {step} (after the warm-up, which ended at step {warmup_end}) found no "
-                      f"prediction scoring at least {self.config.score_threshold} with a box of 1 px or more: the "
-                      "model has likely collapsed; " + COLLAPSE_ADVICE)
+                      f"prediction scoring at least {self.config.score_threshold} with a box of 1 px or more, where "
+                      f"an earlier one found {self.most_confident}: the model has likely collapsed; " + COLLAPSE_ADVICE)
+        self.most_confident = max(self.most_confident, confident)
 
     def warn(self, kind: str, term: str, step: int, message: str) -> None:
         self.warnings.append({"kind": kind, "term": term, "step": step, "message": message})
@@ -123,10 +166,11 @@ class StepHealth:
                 "warnings": self.warnings}
 
     def state_dict(self) -> dict:
-        return {"skipped": self.skipped, "amp_skipped": self.amp_skipped}
+        return {"skipped": self.skipped, "amp_skipped": self.amp_skipped, "most_confident": self.most_confident}
 
     def load_state_dict(self, state: dict) -> None:
         self.skipped, self.amp_skipped = int(state.get("skipped", 0)), int(state.get("amp_skipped", 0))
+        self.most_confident = int(state.get("most_confident", 0))
 
 
 def agree(flags: list[bool], device: torch.device) -> list[bool]:
@@ -141,17 +185,19 @@ def agree(flags: list[bool], device: torch.device) -> list[bool]:
     return [bool(v) for v in tensor.tolist()]
 
 
-def warmup_steps(scheduler) -> int:
-    """The step at which a schedule's warm-up ends: OneCycle's ``pct_start`` share, a LinearLR
-    ramp's ``total_iters``, a SequentialLR's first milestone; 0 for a schedule without one."""
-    from torch.optim import lr_scheduler as sched
-
-    if isinstance(scheduler, sched.OneCycleLR):
-        return int(math.ceil(scheduler._schedule_phases[0]["end_step"]))
-    if isinstance(scheduler, sched.LinearLR):
+def warmup_end_step(scheduler, factory_keywords: dict) -> int:
+    """The optimizer step at which the schedule cocodet built ends its warm-up, from what it
+    was built with: OneCycle's ``pct_start`` share of ``total_steps`` (its rise), the reference
+    schedule's own ``warmup_steps``, a LinearLR ramp's ``total_iters``; 0 for a schedule
+    without one. ``factory_keywords``: the arguments the scheduler was built with (config and
+    run length), with the class's defaults for those left out."""
+    if "pct_start" in factory_keywords and "total_steps" in factory_keywords:
+        # OneCycle peaks at step pct_start x total_steps - 1 (torch's phase end).
+        return int(math.ceil(float(factory_keywords["pct_start"]) * int(factory_keywords["total_steps"]) - 1))
+    if hasattr(scheduler, "warmup_steps"):
+        return int(scheduler.warmup_steps)
+    if isinstance(scheduler, torch.optim.lr_scheduler.LinearLR):
         return int(scheduler.total_iters)
-    if isinstance(scheduler, sched.SequentialLR):
-        return int(scheduler._milestones[0])
     return 0
 
 

@@ -18,9 +18,18 @@ import math
 import torch
 
 
+class ReferenceSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """A ``LambdaLR`` that says where its warm-up ends (``warmup_steps``): the health checks
+    judge predictions only after it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, factor, warmup_steps: int):
+        self.warmup_steps = int(warmup_steps)
+        super().__init__(optimizer, factor)
+
+
 def reference_schedule(optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int,
                        milestones: list[int] | None = None, gamma: float = 0.1, cosine: bool = False,
-                       warmup_factor: float = 1.0 / 1000, warmup_iters: int = 1000) -> torch.optim.lr_scheduler.LambdaLR:
+                       warmup_factor: float = 1.0 / 1000, warmup_iters: int = 1000) -> ReferenceSchedule:
     """The reference's rate factor at each optimizer step (``scheduler_interval: step``)."""
     steps_per_epoch = max(1, int(steps_per_epoch))
     warm = min(int(warmup_iters), steps_per_epoch - 1)
@@ -34,7 +43,7 @@ def reference_schedule(optimizer: torch.optim.Optimizer, steps_per_epoch: int, e
         decay = (1 + math.cos(math.pi * epoch / epochs)) / 2 if cosine else gamma ** bisect.bisect_right(steps, epoch)
         return warmup * decay
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return ReferenceSchedule(optimizer, factor, warm)
 
 
 def scaled_lr(reference_lr: float, reference_batch: int, global_batch: int) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from typing import Callable, Optional
 
@@ -12,6 +13,7 @@ from torchvision.models import resnet18
 from torchvision.models.detection.backbone_utils import BackboneWithFPN, _resnet_fpn_extractor
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+from torchvision.ops.misc import FrozenBatchNorm2d
 
 from cocodet.models.pretrained_files import answered_from, backbone_state_dict, detector_state_dict
 
@@ -30,7 +32,10 @@ def _fcos_resnet18_fpn(*, weights=None, weights_backbone=None, num_classes: int,
     if fpn_channels < 32 or fpn_channels % 32:
         raise ValueError(f"model.detector.fpn_channels={fpn_channels}: the head's GroupNorm has 32 groups, so use "
                          "a multiple of 32 (256 is torchvision's width)")
-    backbone = resnet18(weights=weights_backbone)
+    # As torchvision's builders: a pretrained backbone keeps its batch-norm statistics frozen
+    # (at small per-GPU batches they would drift), one from scratch learns them.
+    norm_layer = torch.nn.BatchNorm2d if weights_backbone is None else FrozenBatchNorm2d
+    backbone = resnet18(weights=weights_backbone, norm_layer=norm_layer)
     trainable = 5 if weights_backbone is None else 3  # from scratch every stage must learn
     backbone = _resnet_fpn_extractor(backbone, trainable, returned_layers=[2, 3, 4],
                                      extra_blocks=LastLevelP6P7(256, 256))
@@ -56,6 +61,7 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "fcos_resnet50_fpn": tvd.fcos_resnet50_fpn,
     "fcos_resnet18_fpn": _fcos_resnet18_fpn,
 }
+PRIOR_PROBABILITY = 0.01  # RetinaNetClassificationHead's and FCOSClassificationHead's default
 # SSD fixes its own input size in the builder; the others take min/max size for their transform.
 _FIXED_SIZE = {"ssdlite320_mobilenet_v3_large", "ssd300_vgg16"}
 
@@ -156,7 +162,9 @@ def _replace_head(model: torch.nn.Module, num_classes: int) -> torch.nn.Module:
         head.cls_logits = torch.nn.Conv2d(old.in_channels, head.num_anchors * num_classes, kernel_size=3, stride=1,
                                           padding=1)
         torch.nn.init.normal_(head.cls_logits.weight, std=0.01)
-        torch.nn.init.constant_(head.cls_logits.bias, float(old.bias.detach()[0]))  # the class's prior-probability bias
+        # torchvision's heads start every class at the prior probability 0.01 (focal loss's prior),
+        # not at a bias a COCO class learned.
+        torch.nn.init.constant_(head.cls_logits.bias, -math.log((1 - PRIOR_PROBABILITY) / PRIOR_PROBABILITY))
         head.num_classes = num_classes
     elif isinstance(model, tvd.SSD):
         head = model.head.classification_head

@@ -1,0 +1,70 @@
+"""A run's optimizer and learning-rate schedule, built from their config partials and the
+trainer's run length (design §14): the rate scaled linearly to the run's global batch
+(``model.lr_scaling``), the schedule sized to the run, its peak rate and where its warm-up ends."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from cocodet.models.health import warmup_end_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Optimization:
+    optimizer: torch.optim.Optimizer
+    scheduler: object | None = None
+    warmup_end: int = 0  # the optimizer step at which the schedule's warm-up ends
+    record: dict = field(default_factory=dict)  # global_batch and effective_lr (the peak rate), for summary.json
+
+
+def build_optimization(params, optimizer_factory: partial, scheduler_factory: partial | None, interval: str,
+                       trainer, lr_scaling: dict | None) -> Optimization:
+    """``trainer``: the run's (None outside one: no scaling, no schedule, nothing to size it by)."""
+    record, scaled = scaled_lr(trainer, lr_scaling)
+    optimizer = optimizer_factory(params=params, **scaled)
+    record["effective_lr"] = optimizer.param_groups[0]["lr"]
+    if scheduler_factory is None or trainer is None:
+        return Optimization(optimizer, record=record)
+    kwargs = {}
+    accepted = inspect.signature(getattr(scheduler_factory, "func", scheduler_factory)).parameters
+    given = getattr(scheduler_factory, "keywords", {})
+    if "max_lr" in accepted:
+        # OneCycle sets the rate itself, peaking at max_lr (the config's is the unscaled
+        # optimizer.lr): the scaled rate is its peak, and that peak is the effective rate.
+        if scaled:
+            kwargs["max_lr"] = scaled["lr"]
+        record["effective_lr"] = float(kwargs.get("max_lr", given.get("max_lr", record["effective_lr"])))
+    steps, epochs = int(trainer.estimated_stepping_batches), int(trainer.max_epochs or 1)
+    sized = {"total_steps": epochs if interval == "epoch" else steps, "T_max": epochs if interval == "epoch" else steps,
+             "epochs": epochs, "steps_per_epoch": -(-steps // epochs)}
+    kwargs.update({name: value for name, value in sized.items() if name in accepted and name not in given})
+    scheduler = scheduler_factory(optimizer, **kwargs)
+    defaults = {n: p.default for n, p in accepted.items() if p.default is not inspect.Parameter.empty}
+    return Optimization(optimizer, scheduler, warmup_end_step(scheduler, {**defaults, **given, **kwargs}), record)
+
+
+def scaled_lr(trainer, lr_scaling: dict | None) -> tuple[dict, dict]:
+    """(``{"global_batch": ...}``, ``{"lr": ...}`` scaled to this run's global batch, logged; {}
+    without ``lr_scaling``): devices x nodes x loader.batch_size x accumulate_grad_batches."""
+    if trainer is None:
+        return {}, {}
+    batch = int(getattr(trainer.datamodule, "batch_size", 0) or 0) if trainer.datamodule is not None else 0
+    accumulate = int(trainer.accumulate_grad_batches)
+    global_batch = trainer.world_size * batch * accumulate
+    if not lr_scaling or not batch:
+        return {"global_batch": global_batch}, {}
+    from cocodet.models.reference_schedule import scaled_lr as linear
+
+    ref_lr, ref_batch = float(lr_scaling["reference_lr"]), int(lr_scaling["reference_batch"])
+    lr = linear(ref_lr, ref_batch, global_batch)
+    log.info("learning rate scaled linearly: the reference's %g at global batch %d -> %g at this run's global batch "
+             "%d (%d rank(s) x loader.batch_size %d x accumulate_grad_batches %d)", ref_lr, ref_batch, lr,
+             global_batch, trainer.world_size, batch, accumulate)
+    return {"global_batch": global_batch}, {"lr": lr}
