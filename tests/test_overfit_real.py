@@ -53,6 +53,16 @@ def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch)
     assert clean["images"] == IMAGES and clean["map50"] >= 0.3, clean
     assert (tmp_path / "clean" / "val_predictions.png").exists()
 
+    # The letterbox kind of the output parity (test_output_parity.py, issue 57), on this checkpoint:
+    # cocodet's mode=eval (pycocotools) and torchvision's FCOS on the very same val tensors agree
+    # per detection and on the 12 stats.
+    from test_output_parity import output_parity
+
+    _, wrong, stats, _ = output_parity([*args, "model.eval_backend=pycocotools"], "fcos_resnet18_fpn",
+                                       trained["last_ckpt"], ann, tmp_path / "parity", monkeypatch, letterbox=True)
+    print(f"letterbox: torchvision's path on the same tensors {stats.round(4).tolist()}")
+    assert wrong == []
+
     monkeypatch.setattr(detector, "to_original_frame", shifted_boxes)
     shifted = run_in_process(evaluate, tmp_path / "shifted")
     monkeypatch.undo()

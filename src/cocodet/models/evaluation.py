@@ -99,7 +99,9 @@ def evaluate(gt, results: list[dict], image_ids: list[int] | None = None,
         ev.evaluate()
         ev.accumulate()
         ev.summarize()
-    stats = {name: max(0.0, float(v)) for name, v in zip(ALL_STAT_NAMES, ev.stats[:len(ALL_STAT_NAMES)])}
+    # As COCOeval reports them: -1 where the split has no ground truth in that area range (a
+    # dataset without small objects), not 0, which would read as a model failing on them.
+    stats = {name: float(v) for name, v in zip(ALL_STAT_NAMES, ev.stats[:len(ALL_STAT_NAMES)])}
     stats["report"] = text.getvalue()
     stats["coco_eval"] = ev
     return stats

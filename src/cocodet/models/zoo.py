@@ -166,7 +166,7 @@ def _replace_head(model: torch.nn.Module, num_classes: int) -> torch.nn.Module:
         # not at a bias a COCO class learned.
         torch.nn.init.constant_(head.cls_logits.bias, -math.log((1 - PRIOR_PROBABILITY) / PRIOR_PROBABILITY))
         head.num_classes = num_classes
-    elif isinstance(model, tvd.SSD):
+    elif isinstance(model, tvd.ssd.SSD):
         head = model.head.classification_head
         anchors = model.anchor_generator.num_anchors_per_location()
         for k, layer in enumerate(head.module_list):

@@ -1,0 +1,223 @@
+"""The published recipes at the model's output (issue 57): cocodet's scoring of a checkpoint
+against torchvision's public way of scoring the same weights, for the three resize kinds.
+
+Gated, same input tensors and two output paths: the tensors cocodet's val loader produced go
+through cocodet's `mode=eval` (pycocotools) and through torchvision's own model built by its
+builder with the checkpoint's weights, in `eval()`, its transform kept from resizing again.
+The public path then maps boxes back to the stored image's frame as the reference's transform
+does (`resize_boxes`, per axis, from the network input to the original size; the letterbox,
+which torchvision has no transform for, by its scale), drops label 0 (background here),
+converts labels to the JSON's category ids, writes COCO results (xywh) and scores them with
+pycocotools' COCOeval. Compared per detection (boxes within 1e-2 px, scores within 1e-4, the
+same labels) and on the 12 stats within 1e-4.
+
+The checkpoints have learned something (mAP@0.5 at least 0.2 on what they are scored on),
+since comparing zeros proves nothing: each kind memorises 4 coco_tiny images
+(`benchmarks/overfit_subset.py`). The letterbox kind is test_overfit_real's checkpoint, which
+calls `gated_mismatches` itself; this file trains the shortest-side and fixed-size kinds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision.models.detection as tvd
+from torchvision.models.detection.transform import GeneralizedRCNNTransform, resize_boxes
+
+from conftest import REPO, run_in_process
+
+KINDS = {  # resize kind: (overrides, epochs)
+    "shortest_side": (["model=fcos_resnet18_fpn", "model.detector.fpn_channels=64", "augment=hflip",
+                       "+model.detector.min_size=256", "+model.detector.max_size=427"], 50),
+    "fixed_size": (["model=ssdlite320_mobilenet_v3_large", "augment=ssdlite"], 200),
+}
+
+
+def subset(coco_tiny: Path, out: Path) -> Path:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overfit_subset", REPO / "benchmarks" / "overfit_subset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_subset(coco_tiny, out, images=4, image_size=256)
+
+
+def dataset_args(coco_tiny: Path, ann: Path) -> list[str]:
+    return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.train_images=train2017", f"dataset.train_ann={ann}",
+            "dataset.val_images=train2017", f"dataset.val_ann={ann}", "dataset.image_size=256", "loader.batch_size=4",
+            "trainer.enable_progress_bar=false", "model.eval_backend=pycocotools"]
+
+
+def cocodet_eval(args: list[str], ckpt: str, run_dir: Path, monkeypatch) -> tuple[dict, dict, list]:
+    """`mode=eval` in this process: (summary, the module's detections by image id, the val
+    batches its loader produced, restored: (images, targets) each)."""
+    import cocodet.inference.evaluate as evaluate
+    from cocodet.loader.flat_batch import restore
+
+    seen = {}
+    real = evaluate.evaluate_checkpoint
+
+    def keep(trainer, module, datamodule, *rest):
+        seen["module"], seen["datamodule"] = module, datamodule
+        return real(trainer, module, datamodule, *rest)
+
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", keep)
+    summary = run_in_process([*args, "mode=eval", f"ckpt_path={ckpt}", "loader=explicit", "loader.num_workers=0"],
+                             run_dir)
+    monkeypatch.undo()
+    batches = [restore(flat) for flat in seen["datamodule"].val_dataloader()]
+    return summary, seen["module"].last_detections, batches, seen["module"]
+
+
+def public_model(module, name: str) -> torch.nn.Module:
+    """torchvision's model for the checkpoint: its builder (``name``) with the module's category
+    count and transform sizes and the checkpoint's weights, in eval(). fcos_resnet18_fpn has no
+    torchvision builder: torchvision's FCOS class as cocodet composed it, with a stock
+    GeneralizedRCNNTransform. The transform normalises, batches and post-processes as
+    torchvision's does, and never resizes: cocodet's tensors are already the model's input."""
+    import copy
+
+    ours, t = module.model, module.model.transform
+    if hasattr(tvd, name):
+        sized = {} if isinstance(ours, tvd.ssd.SSD) else {"min_size": t.min_size, "max_size": t.max_size}
+        public = getattr(tvd, name)(weights=None, weights_backbone=None, num_classes=len(module.category_ids) + 1,
+                                    **sized)
+        public.load_state_dict(ours.state_dict())
+    else:
+        public = copy.deepcopy(ours)
+        public.transform = GeneralizedRCNNTransform(t.min_size, t.max_size, t.image_mean, t.image_std)
+    public.transform.resize = lambda image, target=None: (image, target)  # eval() would resize again
+    return public.eval()
+
+
+def public_full_eval(module, name: str, images: Path, ann: Path) -> np.ndarray:
+    """Reported, not gated: torchvision's path with its own input, as the reference evaluates:
+    CocoDetection, ToImage and ToDtype (float [0, 1]), the model's own float resize and its
+    postprocess back to the stored size; then the same results conversion and COCOeval."""
+    from torchvision.datasets import CocoDetection
+    from torchvision.transforms import v2
+
+    public = public_model(module, name)
+    del public.transform.resize  # torchvision's own resize again
+    dataset = CocoDetection(str(images), str(ann))
+    to_input = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    label_ids, results = module.category_ids, []
+    with torch.no_grad():
+        for k, image_id in enumerate(dataset.ids):
+            out = public([to_input(dataset[k][0])])[0]
+            keep = out["labels"] > 0
+            for box, score, label in zip(out["boxes"][keep].tolist(), out["scores"][keep].tolist(),
+                                         out["labels"][keep].tolist()):
+                results.append({"image_id": int(image_id), "category_id": int(label_ids[label - 1]),
+                                "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "score": score})
+    return coco_stats(ann, results, list(dataset.ids))
+
+
+def public_results(model, batches, category_ids: np.ndarray, letterbox: bool) -> list[dict]:
+    """COCO results of ``model`` on cocodet's val tensors, the reference's way: boxes from the
+    network input back to the stored image (``resize_boxes`` per axis from the input's valid
+    size, as GeneralizedRCNNTransform.postprocess does; a letterbox by its scale, since the
+    reference has none), label 0 dropped, labels to category ids, boxes to xywh."""
+    results = []
+    with torch.no_grad():
+        for images, targets in batches:
+            for out, image, target in zip(model(images), images, targets):
+                orig_h, orig_w, scale_y, scale_x = (float(v) for v in target["to_original"][:4])
+                boxes = out["boxes"]
+                if letterbox:
+                    boxes = boxes / torch.tensor([scale_x, scale_y, scale_x, scale_y])
+                    boxes[:, 0::2] = boxes[:, 0::2].clamp(0, orig_w)
+                    boxes[:, 1::2] = boxes[:, 1::2].clamp(0, orig_h)
+                else:
+                    boxes = resize_boxes(boxes, tuple(image.shape[-2:]), (int(orig_h), int(orig_w)))
+                keep = out["labels"] > 0
+                for box, score, label in zip(boxes[keep].tolist(), out["scores"][keep].tolist(),
+                                             out["labels"][keep].tolist()):
+                    results.append({"image_id": int(target["image_id"]), "category_id": int(category_ids[label - 1]),
+                                    "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "score": score})
+    return results
+
+
+def coco_stats(ann: Path, results: list[dict], image_ids: list[int]) -> np.ndarray:
+    """pycocotools' 12 stats of ``results`` on ``image_ids``."""
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(ann))
+        e = COCOeval(gt, gt.loadRes(results) if results else COCO(), "bbox")
+        e.params.imgIds = sorted(image_ids)
+        e.evaluate(), e.accumulate(), e.summarize()
+    return np.asarray(e.stats)
+
+
+STATS = ["map", "map50", "map75", "map_small", "map_medium", "map_large", "mar_1", "mar_10", "mar_100",
+         "mar_small", "mar_medium", "mar_large"]
+
+
+def gated_mismatches(ours: dict, by_image: dict, theirs: list[dict], stats: np.ndarray) -> list[str]:
+    """Per image, detections by descending score: the same count and labels, boxes within 1e-2
+    px, scores within 1e-4; then the 12 stats (``ours``: the module's, unrounded) within 1e-4."""
+    wrong = []
+    for image_id, detections in by_image.items():
+        a = sorted(detections, key=lambda d: -d["score"])
+        b = sorted([d for d in theirs if d["image_id"] == image_id], key=lambda d: -d["score"])
+        if len(a) != len(b) or [d["category_id"] for d in a] != [d["category_id"] for d in b]:
+            wrong.append(f"image {image_id}: {len(a)} detections against {len(b)}, or other labels")
+            continue
+        box = max((abs(x - y) for p, q in zip(a, b) for x, y in zip(p["bbox"], q["bbox"])), default=0.0)
+        score = max((abs(p["score"] - q["score"]) for p, q in zip(a, b)), default=0.0)
+        if box > 1e-2 or score > 1e-4:
+            wrong.append(f"image {image_id}: boxes {box:.4f} px, scores {score:.6f} apart")
+    ours_stats = np.asarray([ours[k] for k in STATS])
+    if np.abs(ours_stats - stats).max() > 1e-4:
+        wrong.append(f"stats {ours_stats.round(4).tolist()} != {stats.round(4).tolist()}")
+    return wrong
+
+
+def output_parity(args: list[str], name: str, ckpt: str, ann: Path, run_dir: Path, monkeypatch, letterbox: bool):
+    """(cocodet's mode=eval summary, the gated mismatches, torchvision's stats, the module)."""
+    summary, by_image, batches, module = cocodet_eval(args, ckpt, run_dir, monkeypatch)
+    public = public_model(module, name)
+    theirs = public_results(public, batches, module.category_ids, letterbox)
+    stats = coco_stats(ann, theirs, list(by_image))
+    return summary, gated_mismatches(module.last_metrics, by_image, theirs, stats), stats, module
+
+
+@pytest.fixture(scope="module")
+def overfit(coco_tiny, tmp_path_factory):
+    """Each resize kind trained to memorise the 4 images: (dataset args, checkpoint)."""
+    base = tmp_path_factory.mktemp("output_parity")
+    ann = subset(coco_tiny, base / "subset")
+    trained = {}
+    for kind, (extra, epochs) in KINDS.items():
+        args = [*dataset_args(coco_tiny, ann), *extra]
+        s = run_in_process([*args, f"trainer.max_epochs={epochs}", f"trainer.check_val_every_n_epoch={epochs}",
+                            f"+callbacks.last_checkpoint.every_n_epochs={epochs}"], base / kind)
+        trained[kind] = (args, s["last_ckpt"], s)
+    return ann, trained
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cocodet_scores_a_checkpoint_as_torchvisions_path_does(kind, overfit, tmp_path, monkeypatch):
+    ann, trained = overfit
+    args, ckpt, training = trained[kind]
+    name = next(a.split("=", 1)[1] for a in args if a.startswith("model="))
+    summary, wrong, stats, module = output_parity(args, name, ckpt, ann, tmp_path, monkeypatch, letterbox=False)
+    assert summary["map50"] >= 0.2, summary["map50"]  # it learned something: zeros prove nothing
+    assert wrong == []
+    own = public_full_eval(module, name, coco_tiny_images(args), ann)
+    print(f"{kind}: mode=eval {[round(summary[k], 4) for k in STATS]}; torchvision's path on the same tensors "
+          f"{stats.round(4).tolist()}; on its own input {own.round(4).tolist()} (reported, not gated)")
+
+
+def coco_tiny_images(args: list[str]) -> Path:
+    root = next(a.split("=", 1)[1] for a in args if a.startswith("dataset.root="))
+    return Path(root) / "train2017"
