@@ -119,3 +119,16 @@ def test_a_replaced_class_layer_starts_from_the_prior_probability(tmp_path, name
     model = build_detector(name, num_classes=3, image_size=128, weights_path=saved(tmp_path, name, state))
     bias = model.head.classification_head.cls_logits.bias
     assert torch.allclose(bias, torch.full_like(bias, -math.log(0.99 / 0.01)))
+
+
+def test_a_coco_ssdlite_file_gets_its_class_layers_replaced(tmp_path):
+    """SSD's class convolutions are replaced for the dataset's categories, one per level (before
+    issue 57 the check named tvd.SSD, which torchvision does not export: an AttributeError)."""
+    torch.manual_seed(5)
+    state = tvd.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=91).state_dict()
+    model = build_detector("ssdlite320_mobilenet_v3_large", num_classes=3, image_size=320,
+                           weights_path=saved(tmp_path, "ssdlite", state))
+    anchors = model.anchor_generator.num_anchors_per_location()
+    assert [layer[-1].out_channels for layer in model.head.classification_head.module_list] == [a * 3 for a in anchors]
+    kept = [k for k in state if "classification_head" not in k and not k.endswith("num_batches_tracked")]
+    assert all(torch.equal(model.state_dict()[k], state[k]) for k in kept)

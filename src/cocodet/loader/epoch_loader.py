@@ -11,6 +11,7 @@ from cocodet.loader.hang import watchdog
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.worker_deaths import fetching
+from cocodet.loader.worker_shutdown import shut_down_workers
 
 
 class EpochLoader(torch.utils.data.DataLoader):
@@ -126,7 +127,7 @@ class EpochLoader(torch.utils.data.DataLoader):
         """End the worker stream (the workers of a failed one, after a re-plan elsewhere)."""
         iterator = self._stream.iterator
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+            shut_down_workers(iterator)  # never waits on a lock a dead worker held
             # Batches that arrived ahead of the failed one hold shm until dropped.
             getattr(iterator, "_task_info", {}).clear()
         self._iterator = None  # torch's persistent iterator: the next one is built for the new plan
