@@ -235,7 +235,7 @@ def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
     if ckpt != "last":
         return ckpt
     path = find_last_checkpoint(run_dir, Path("outputs"))
-    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:  # one line per run, not per rank
+    if run_ranks(cfg).global_rank == 0:  # one line per run, not per rank
         print(resume_line(path, run_dir), file=sys.stderr, flush=True)
     return str(path)
 
