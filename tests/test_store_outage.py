@@ -51,14 +51,20 @@ def uninterrupted(coco_tiny, tmp_path_factory) -> dict:
     return s
 
 
+def train_gets(store: SeaweedStore) -> int:
+    """The train images the store has served so far (earlier runs of this module included)."""
+    return sum("train2017/" in key for _, key in store.gets(BUCKET))
+
+
 def kill_after_gets(store: SeaweedStore, gets: int, restart_after: float | None) -> tuple[threading.Thread, dict]:
-    """Kill the store once it served ``gets`` train images; restart it ``restart_after`` s later.
-    The dict gets ``served_at_restart``: the GETs it had logged when it came back."""
+    """Kill the store once it served ``gets`` train images in all (count them with
+    ``train_gets``: the same count); restart it ``restart_after`` s later. The dict gets
+    ``served_at_restart``: the GETs it had logged when it came back."""
     record: dict = {}
 
     def run():
         deadline = time.monotonic() + 300
-        while sum("train2017/" in key for _, key in store.gets(BUCKET)) < gets and time.monotonic() < deadline:
+        while train_gets(store) < gets and time.monotonic() < deadline:
             time.sleep(0.05)
         store.kill()
         if restart_after is not None:
@@ -72,8 +78,7 @@ def kill_after_gets(store: SeaweedStore, gets: int, restart_after: float | None)
 
 
 def test_a_store_restarted_mid_epoch_costs_retries_not_the_run(seaweed, uninterrupted, tmp_path):
-    served_before = len(seaweed.gets(BUCKET))
-    killer, record = kill_after_gets(seaweed, served_before + 30, restart_after=4.0)
+    killer, record = kill_after_gets(seaweed, train_gets(seaweed) + 30, restart_after=4.0)
     _, s = run_train(args(bucket(seaweed), tmp_path / "cache", "dataset.remote.give_up_s=120"), tmp_path / "run",
                      env=DUMMY_KEYS, timeout=600)
     killer.join(timeout=60)
@@ -85,8 +90,11 @@ def test_a_store_restarted_mid_epoch_costs_retries_not_the_run(seaweed, uninterr
 
 
 def test_a_store_that_stays_down_ends_the_run_then_it_resumes(seaweed, uninterrupted, tmp_path):
-    served_before = len(seaweed.gets(BUCKET))
-    killer, _ = kill_after_gets(seaweed, served_before + 30, restart_after=None)
+    # 70 of the run's own train GETs: inside epoch 0 (80 distinct images), so steps < 10 whatever
+    # the timing, and past what the read-ahead's 3 MB and the workers' first batches hold, so
+    # some steps are taken (at 40 none were). It counted every GET served before against train
+    # GETs only, so the kill could come after the last train read: steps 20, seen once in CI.
+    killer, _ = kill_after_gets(seaweed, train_gets(seaweed) + 70, restart_after=None)
     started = time.monotonic()
     proc, s = run_train(args(bucket(seaweed), tmp_path / "cache", "dataset.remote.give_up_s=6"), tmp_path / "run",
                         env=DUMMY_KEYS, timeout=600, check=False)
