@@ -26,8 +26,11 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"unknown dataset key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: the dataset "
                           f"group takes {', '.join(k for k in DATASET_KEYS if k != '_target_')} (a typo, or a key "
                           "for another group?)")
+    # Unresolved: a value from ${oc.env:...} (the environment) is allowed, a literal one is not.
     secrets = credential_keys(OmegaConf.to_container(cfg.dataset.get("storage_options") or {}, resolve=False),
                               "dataset.storage_options") if cfg.get("dataset") else []
+    mlflow = (cfg.get("logger") or {}).get("mlflow")
+    secrets += credential_keys(OmegaConf.to_container(mlflow, resolve=False), "logger.mlflow") if mlflow else []
     if secrets:
         raise ConfigError(f"{', '.join(secrets)}: a credential in the config (Hydra writes it to .hydra/config.yaml): "
                           f"{ADVICE}")

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from cocodet import schema
-from cocodet.models.evaluation import (DEFAULT_BACKEND, STAT_NAMES, detections_to_coco, evaluate, load_ground_truth,
+from cocodet.models.evaluation import (ALL_STAT_NAMES, DEFAULT_BACKEND, detections_to_coco, evaluate, load_ground_truth,
                                       to_original_frame)
 from cocodet.errors import TrainingStopped
 from cocodet.models.health import HealthConfig, StepHealth, agree, confident_count
@@ -207,7 +207,7 @@ class DetectorModule(L.LightningModule):
         if not self.trainer.sanity_checking:
             self.last_metrics = stats
         # Identical on every rank: "max" reduces them to the same value exactly.
-        self.log_dict({f"val/{k}": stats[k] for k in STAT_NAMES if k != "map50"}, sync_dist=world > 1, reduce_fx="max")
+        self.log_dict({f"val/{k}": stats[k] for k in ALL_STAT_NAMES if k != "map50"}, sync_dist=world > 1, reduce_fx="max")
         self.log("val/map50", stats["map50"], prog_bar=True, sync_dist=world > 1, reduce_fx="max")
         self.log("val/confident_predictions", float(confident), sync_dist=world > 1, reduce_fx="max")
         if not self.trainer.sanity_checking and self.trainer.state.fn == "fit":  # a run's validation, not mode=eval

@@ -18,6 +18,7 @@ from cocodet.loader.plan_record import LoaderPlan
 from cocodet.models.evaluation import STAT_NAMES
 from cocodet.models.preemption import PreemptionCheckpoint
 from cocodet.ranks import Ranks
+from cocodet.tracking.trainer_hooks import abort_tracking, close_tracking
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,12 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     """Train, validating as configured; return the training summary. ``ranks``: what
     ``cocodet.ranks`` answered before the trainer existed, checked against the trainer's."""
     started = time.perf_counter()
-    with explained_loader_failures(plan, shm_path=shm_path):
-        status, stopped = _run_fit(trainer, module, datamodule, ckpt_path, weights_only)
+    try:
+        with explained_loader_failures(plan, shm_path=shm_path):
+            status, stopped = _run_fit(trainer, module, datamodule, ckpt_path, weights_only)
+    except BaseException as e:  # an unexpected error, Ctrl-C: the MLflow run ends FAILED (KILLED)
+        abort_tracking(trainer, e)
+        raise
     # Collective (every rank gathers), so before anything only rank 0 does.
     ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
     if ddp is not None:
@@ -76,7 +81,13 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         **getattr(module, "lr_record", {}),  # global_batch, effective_lr
     }
     if stopped is not None:
-        raise with_summary(stopped, summary)
+        stopped = with_summary(stopped, summary)
+        summary = stopped.summary
+    tracking = close_tracking(trainer, summary, plan)  # the run's status, tags and artifacts (logger=mlflow)
+    if tracking is not None:
+        summary["mlflow"] = tracking
+    if stopped is not None:
+        raise stopped
     return summary
 
 

@@ -36,4 +36,9 @@ def bench(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
                             producer=b.producer, producer_ms=float(b.producer_ms),
                             producer_samples=int(b.producer_samples), decode_probe_images=int(b.decode_probe),
                             shm_path=str(cfg.loader.shm_path), train_step=step, device=device, preload=bool(b.preload))
-    return {**summary, "precision": precision if step else None}
+    summary = {**summary, "precision": precision if step else None}
+    if "mlflow" in (cfg.get("logger") or {}):
+        from cocodet.tracking.bench_run import track_bench
+
+        summary["mlflow"] = track_bench(cfg, plan, summary, run_dir)
+    return summary

@@ -211,6 +211,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path):
     args["precision"] = resolve_precision(args.get("precision", "32-true"))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     loggers = [instantiate(lg) for lg in (cfg.get("logger") or {}).values()] or False
+    if loggers and "mlflow" in cfg.logger:
+        from cocodet.tracking.trainer_hooks import tracking_callbacks
+
+        callbacks += tracking_callbacks(loggers)  # the MLflow run id in every checkpoint
     if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
         from lightning.pytorch.callbacks import LearningRateMonitor
 

@@ -1,0 +1,67 @@
+"""The MLflow logger's part in a training run: its callback, what it starts with, how it ends.
+
+Called from ``modes/wiring.py`` (the callback), ``modes/train.py`` (``prepare_tracking``) and
+``models/fit.py`` (``close_tracking``, ``abort_tracking``); each is a no-op without
+``logger=mlflow``, and only rank 0 talks to MLflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from cocodet.tracking.lightning_logger import CHECKPOINT_KEY, MlflowLogger, RunIdInCheckpoint
+
+
+def mlflow_logger(loggers) -> MlflowLogger | None:
+    return next((lg for lg in loggers or [] if isinstance(lg, MlflowLogger)), None)
+
+
+def tracking_callbacks(loggers) -> list:
+    """The callback that writes the run id into checkpoints, when a logger is MLflow's."""
+    logger = mlflow_logger(loggers)
+    return [RunIdInCheckpoint(logger)] if logger is not None else []
+
+
+def prepare_tracking(trainer, cfg: DictConfig, plan, checkpoint: dict | None) -> None:
+    """Hand the logger the run's parameters and tags, its sweep parent, and the run id a
+    resumed checkpoint carries."""
+    logger = mlflow_logger(trainer.loggers)
+    if logger is None or not trainer.is_global_zero:
+        return
+    from cocodet.tracking.run_record import flat_params, start_tags
+    from cocodet.tracking.store import checkout_dir
+    from cocodet.tracking.sweep import sweep_parent_id
+
+    logger.prepare(flat_params(cfg), start_tags(cfg, plan, Path(checkout_dir())), sweep_parent_id(),
+                   (checkpoint or {}).get(CHECKPOINT_KEY))
+
+
+def close_tracking(trainer, summary: dict, plan) -> dict | None:
+    """End the MLflow run as ``summary`` says; the summary's ``mlflow`` block (None: no MLflow)."""
+    logger = mlflow_logger(trainer.loggers)
+    if logger is None or not trainer.is_global_zero:
+        return None
+    return logger.close(summary, run_artifacts(trainer, Path(logger.run_dir)), plan.table())
+
+
+def abort_tracking(trainer, error: BaseException) -> None:
+    """An unexpected error (or Ctrl-C) ended training: the run ends FAILED (KILLED for Ctrl-C)."""
+    logger = mlflow_logger(trainer.loggers)
+    if logger is None or not trainer.is_global_zero:
+        return
+    interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))
+    status = "interrupted" if interrupted else "error"
+    logger.close({"status": status, "error": f"{type(error).__name__}: {error}"}, [], "")
+
+
+def run_artifacts(trainer, run_dir: Path) -> list[Path]:
+    """The files a run sends at its end: the last val_predictions.png, bad_samples.jsonl if it
+    holds anything (summary.json and the plan table are sent as text)."""
+    from cocodet.coco.bad_samples import JSONL_NAME
+    from cocodet.models.prediction_grid import PredictionGrid
+
+    grids = [c.path for c in trainer.callbacks if isinstance(c, PredictionGrid)]
+    files = [p for p in [*grids, run_dir / JSONL_NAME] if p.is_file() and p.stat().st_size > 0]
+    return files
