@@ -19,7 +19,9 @@ ENV PYTHONUNBUFFERED=1 \
     XDG_CACHE_HOME=/tmp/.cache \
     MPLCONFIGDIR=/tmp/matplotlib \
     TORCH_HOME=/tmp/torch \
-    COCODET_CACHE_DIR=/cache
+    COCODET_CACHE_DIR=/cache \
+    COCODET_MLFLOW_DB=/app/outputs/mlflow.db \
+    MLFLOW_DISABLE_TELEMETRY=true
 
 WORKDIR /app
 
@@ -40,6 +42,8 @@ COPY scripts ./scripts
 
 # Folders a run writes, world-writable with the sticky bit (as /tmp), so an arbitrary UID can
 # run the synthetic default and keep its outputs; mount volumes over them to keep results.
+# logger=mlflow without a server writes to /app/outputs/mlflow.db (COCODET_MLFLOW_DB above), in
+# that volume too.
 RUN useradd --create-home --uid 1000 cocodet \
     && mkdir -p /app/data /app/outputs /cache \
     && chmod 1777 /app/data /app/outputs /cache

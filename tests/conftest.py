@@ -19,6 +19,9 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
+# MLflow's telemetry would try to reach the internet from every test that tracks a run.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+
 REPO = Path(__file__).resolve().parents[1]
 # The shared data folder sits beside the checkout (../shared), also in CI; override with
 # COCODET_COCO_TINY when the checkout lives elsewhere.

@@ -19,6 +19,17 @@ class SignalAtStep(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class KillGroupAtStep(L.Callback):
+    """SIGKILL another process group (a test's server) after a given optimizer step."""
+
+    def __init__(self, step: int, pgid: int):
+        self.step, self.pgid = step, pgid
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.killpg(self.pgid, signal.SIGKILL)
+
+
 class KillWorkerAtStep(L.Callback):
     """SIGKILL one worker of the train loader after a given optimizer step (what the OOM
     killer does to a worker that outgrew its memory)."""

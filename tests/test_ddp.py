@@ -50,8 +50,9 @@ def two_ranks(coco79, tmp_path_factory) -> dict[int, tuple]:
     base = tmp_path_factory.mktemp("ddp")
     runs = {}
     for w in (0, 2):
-        proc, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", f"loader.num_workers={w}"),
-                            base / f"w{w}", timeout=900)
+        tracked = ["logger=mlflow"] if w == 0 else []  # rank 0 alone talks to MLflow (design §16)
+        proc, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", f"loader.num_workers={w}", *tracked),
+                            base / f"w{w}", timeout=900, env={"MLFLOW_TRACKING_URI": f"sqlite:///{base}/mlflow.db"})
         runs[w] = (proc, s, base / f"w{w}")
     yield runs
     shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
@@ -113,6 +114,14 @@ def test_rank_zero_alone_writes_and_prints_the_summary(two_ranks):
     assert (run_dir / "train_ddp_process_1.log").is_file()
     # COCOeval ran once per validation, on rank 0.
     assert out.count("COCOeval (epoch 0, 79 images, 1 padded repeats removed") == 1
+    # One MLflow run, rank 0's, each metric once per step.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("cocodet").experiment_id])
+    assert [r.info.run_id for r in runs] == [s["mlflow"]["run_id"]] and runs[0].info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
+    assert steps and len(steps) == len(set(steps))
 
 
 @pytest.mark.slow

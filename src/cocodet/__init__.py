@@ -1,3 +1,14 @@
 """cocodet: torchvision detectors on COCO-format data with a loader that survives real machines."""
 
 __version__ = "0.1.0"
+
+
+def _register_resolvers() -> None:
+    """``${cocodet.checkout:}`` (logger=mlflow's default store) resolves in every config cocodet
+    composes: train.py's, and Hydra's compose API in a notebook or a test."""
+    from cocodet.tracking.store import register_resolvers
+
+    register_resolvers()
+
+
+_register_resolvers()

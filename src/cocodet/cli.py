@@ -17,7 +17,6 @@ from omegaconf import DictConfig
 from cocodet.app import run
 from cocodet.credentials import refused_override
 from cocodet.loader.hang import stacks_dir
-from cocodet.tracking.store import register_resolvers
 
 
 def main(hydra_main) -> None:
@@ -31,7 +30,6 @@ def main(hydra_main) -> None:
         if reason:
             sys.stderr.write(f"error: {reason}\n")
             sys.exit(2)
-    register_resolvers()  # ${cocodet.checkout:} (logger=mlflow's default store)
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing and exiting 1
     atexit.register(shutil.rmtree, stacks_dir(), True)  # the workers' stack-dump files (loader/hang.py)
     try:

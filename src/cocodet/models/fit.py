@@ -11,11 +11,13 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from cocodet.coco.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
 from cocodet.errors import RunStopped, TrainingStopped
 from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.models.evaluation import STAT_NAMES
+from cocodet.models.prediction_grid import PredictionGrid
 from cocodet.models.preemption import PreemptionCheckpoint
 from cocodet.ranks import Ranks
 from cocodet.tracking.trainer_hooks import abort_tracking, close_tracking
@@ -80,10 +82,16 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         **remote_record(datamodule),
         **getattr(module, "lr_record", {}),  # global_batch, effective_lr
     }
+    return finish(trainer, summary, stopped, plan)
+
+
+def finish(trainer: L.Trainer, summary: dict, stopped: RunStopped | None, plan: LoaderPlan) -> dict:
+    """The summary, after the tracker (logger=mlflow) recorded how the run ended; raised with
+    the error that stopped the run, if one did."""
     if stopped is not None:
         stopped = with_summary(stopped, summary)
         summary = stopped.summary
-    tracking = close_tracking(trainer, summary, plan)  # the run's status, tags and artifacts (logger=mlflow)
+    tracking = close_tracking(trainer, summary, plan, run_files(trainer))
     if tracking is not None:
         summary["mlflow"] = tracking
     if stopped is not None:
@@ -105,6 +113,12 @@ def _run_fit(trainer: L.Trainer, module, datamodule, ckpt_path: str | None,
     finally:
         datamodule.teardown("fit")  # its threads (a remote root's read-ahead), also when the run failed
     return "completed", None
+
+
+def run_files(trainer: L.Trainer) -> list[Path]:
+    """The files a tracker keeps of a run: the last val_predictions.png and bad_samples.jsonl."""
+    grids = [c.path for c in trainer.callbacks if isinstance(c, PredictionGrid)]
+    return [*grids, Path(trainer.default_root_dir) / BAD_SAMPLES_FILE]
 
 
 def remote_record(datamodule) -> dict:

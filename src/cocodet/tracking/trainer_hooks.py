@@ -38,12 +38,14 @@ def prepare_tracking(trainer, cfg: DictConfig, plan, checkpoint: dict | None) ->
                    (checkpoint or {}).get(CHECKPOINT_KEY))
 
 
-def close_tracking(trainer, summary: dict, plan) -> dict | None:
-    """End the MLflow run as ``summary`` says; the summary's ``mlflow`` block (None: no MLflow)."""
+def close_tracking(trainer, summary: dict, plan, files: list[Path]) -> dict | None:
+    """End the MLflow run as ``summary`` says, sending those of ``files`` that exist and hold
+    something; the summary's ``mlflow`` block (None: no MLflow)."""
     logger = mlflow_logger(trainer.loggers)
     if logger is None or not trainer.is_global_zero:
         return None
-    return logger.close(summary, run_artifacts(trainer, Path(logger.run_dir)), plan.table())
+    artifacts = [Path(p) for p in files if Path(p).is_file() and Path(p).stat().st_size > 0]
+    return logger.close(summary, artifacts, plan.table())
 
 
 def abort_tracking(trainer, error: BaseException) -> None:
@@ -52,16 +54,5 @@ def abort_tracking(trainer, error: BaseException) -> None:
     if logger is None or not trainer.is_global_zero:
         return
     interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))
-    status = "interrupted" if interrupted else "error"
-    logger.close({"status": status, "error": f"{type(error).__name__}: {error}"}, [], "")
-
-
-def run_artifacts(trainer, run_dir: Path) -> list[Path]:
-    """The files a run sends at its end: the last val_predictions.png, bad_samples.jsonl if it
-    holds anything (summary.json and the plan table are sent as text)."""
-    from cocodet.coco.bad_samples import JSONL_NAME
-    from cocodet.models.prediction_grid import PredictionGrid
-
-    grids = [c.path for c in trainer.callbacks if isinstance(c, PredictionGrid)]
-    files = [p for p in [*grids, run_dir / JSONL_NAME] if p.is_file() and p.stat().st_size > 0]
-    return files
+    ending = "interrupted" if interrupted else "error"  # an MLflow tag only: no summary is written
+    logger.close({"status": ending, "error": f"{type(error).__name__}: {error}"}, [], "")
