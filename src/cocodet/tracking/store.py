@@ -17,13 +17,17 @@ SQLITE = "sqlite:///"
 
 def checkout_dir() -> str:
     """The folder that holds ``conf/`` (the checkout, or /app in the image): where Hydra found
-    the primary config, else the working directory."""
+    the primary config; else (Hydra's compose API) the checkout this package runs from, when it
+    runs from one (an editable install); else the working directory."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():
         for source in HydraConfig.get().runtime.config_sources:
             if source.provider == "main" and source.path.startswith("file://"):
                 return str(Path(source.path[len("file://"):]).resolve().parent)
+    source_tree = Path(__file__).resolve().parents[3]  # <checkout>/src/cocodet/tracking/store.py
+    if (source_tree / "conf" / "config.yaml").is_file():
+        return str(source_tree)
     return str(Path.cwd().resolve())
 
 

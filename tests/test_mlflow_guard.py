@@ -1,0 +1,113 @@
+"""logger=mlflow's pieces that need no server (issue #59): a tracker that is down costs one
+bounded attempt, then none; what a run records leaves credentials out; MLflow credentials are
+refused as overrides and in config files, as a bucket's are."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import REPO, run_in_process, run_train
+from moto_store import free_port
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=["logger=mlflow", "output_dir=/tmp/cocodet-mlflow", *overrides])
+
+
+def test_a_tracker_that_is_down_costs_one_bounded_attempt_then_none(tmp_path, caplog, monkeypatch):
+    from cocodet.tracking.guard import GuardedClient, bound_requests
+    from cocodet.tracking.tracked_run import TrackedRun
+
+    for name in ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES"):
+        monkeypatch.delenv(name, raising=False)
+    bound_requests(5, 1)
+    guard = GuardedClient(f"http://127.0.0.1:{free_port()}", tmp_path / "mlflow_unsent.jsonl")  # nothing listens
+    run = TrackedRun(guard, "cocodet")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        run.start("r", params={"a": "1"}, tags={"t": "x"})
+        first = time.monotonic() - started
+        for step in range(50):
+            run.log_metrics({"train/loss": 1.0}, step)
+        run.end("completed")
+    assert first < 10  # MLflow's defaults: 7 retries with back-off
+    assert time.monotonic() - started - first < 1  # no attempt after the first failure
+    assert len([r for r in caplog.records if "MLflow:" in r.getMessage()]) == 1
+    assert guard.unsent == 1 + 1 + 50 + 1  # the failed call, create_run (with the params), 50 steps, the end
+    assert len((tmp_path / "mlflow_unsent.jsonl").read_text().splitlines()) == guard.unsent
+
+
+def test_requests_are_bounded_unless_the_user_set_the_variables(monkeypatch):
+    import os
+
+    from cocodet.tracking.guard import bound_requests
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4")
+    bound_requests(5, 1)
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "5" and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "4"
+
+
+def test_a_missing_run_id_is_an_answer_not_an_outage(tmp_path, caplog):
+    from cocodet.tracking.guard import GuardedClient
+    from cocodet.tracking.tracked_run import TrackedRun
+
+    guard = GuardedClient(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "unsent.jsonl")
+    run = TrackedRun(guard, "cocodet", (tmp_path / "mlartifacts").as_uri())
+    with caplog.at_level(logging.WARNING):
+        run.start("r", params={}, tags={}, resume_id="0123456789abcdef0123456789abcdef")
+    assert guard.alive and run.run_id not in (None, "0123456789abcdef0123456789abcdef") and not run.resumed
+    assert "not in" in caplog.text  # "run ... named in the checkpoint is not in <store>; starting a new run"
+
+
+def test_the_default_store_is_the_checkouts_sqlite_file(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("COCODET_MLFLOW_DB", raising=False)
+    assert compose_config().logger.mlflow.tracking_uri == f"sqlite:///{REPO}/mlflow.db"
+    monkeypatch.setenv("COCODET_MLFLOW_DB", "/runs/mlflow.db")
+    assert compose_config().logger.mlflow.tracking_uri == "sqlite:////runs/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
+    assert compose_config().logger.mlflow.tracking_uri == "http://mlflow.internal:5000"
+
+
+def test_parameters_are_the_resolved_config_without_credentials(monkeypatch):
+    from cocodet.tracking.run_record import flat_params
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://bob:Hidden-4d2e@mlflow.internal:5000")
+    params = flat_params(compose_config("+dataset.storage_options.secret=Hidden-91aa", "loader.batch_size=3"))
+    assert params["loader.batch_size"] == "3" and params["augment.hsv"] == "[10, 40, 30]"
+    assert params["logger.mlflow.tracking_uri"] == "http://***@mlflow.internal:5000"
+    assert "dataset.storage_options.secret" not in params and "Hidden" not in str(params)
+
+
+def test_every_summary_status_ends_the_mlflow_run_as_documented():
+    from cocodet.errors import RUN_STATUSES
+    from cocodet.tracking.run_record import MLFLOW_STATUS
+
+    assert set(MLFLOW_STATUS) == set(RUN_STATUSES)
+    assert {s for s, m in MLFLOW_STATUS.items() if m == "KILLED"} == {"preempted", "store_down"}
+    assert {s for s, m in MLFLOW_STATUS.items() if m == "FAILED"} == {"diverged", "collapsed", "disk_full"}
+
+
+@pytest.mark.parametrize("override", ["hydra.job.env_set.MLFLOW_TRACKING_PASSWORD={s}",
+                                      "+hydra.job.env_set.MLFLOW_TRACKING_TOKEN={s}",
+                                      "+logger.mlflow.password={s}",
+                                      "logger.mlflow.tracking_uri=http://bob:{s}@mlflow.internal:5000"])
+def test_an_mlflow_credential_override_is_refused_in_one_line(override, tmp_path):
+    secret = "cocodet-MLFLOW-secret-5b7a"
+    proc, _ = run_train(["logger=mlflow", "mode=plan", override.format(s=secret)], tmp_path / "run", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "MLFLOW_TRACKING_PASSWORD" in lines[0], proc.stderr
+    assert secret not in proc.stderr + proc.stdout and not (tmp_path / "run").exists()
+
+
+def test_an_mlflow_credential_in_a_config_file_is_refused(tmp_path):
+    from cocodet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="logger.mlflow.tracking_uri: a credential"):
+        run_in_process(["mode=plan", "logger=mlflow", "logger.mlflow.tracking_uri=http://u:p@h:5000"], tmp_path / "r")
