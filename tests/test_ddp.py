@@ -114,14 +114,13 @@ def test_rank_zero_alone_writes_and_prints_the_summary(two_ranks):
     assert (run_dir / "train_ddp_process_1.log").is_file()
     # COCOeval ran once per validation, on rank 0.
     assert out.count("COCOeval (epoch 0, 79 images, 1 padded repeats removed") == 1
-    # One MLflow run, rank 0's, each metric once per step.
+    # One MLflow run, rank 0's, its one validation logged once.
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("cocodet").experiment_id])
     assert [r.info.run_id for r in runs] == [s["mlflow"]["run_id"]] and runs[0].info.status == "FINISHED"
-    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
-    assert steps and len(steps) == len(set(steps))
+    assert len(client.get_metric_history(runs[0].info.run_id, "val/map")) == 1
 
 
 @pytest.mark.slow
