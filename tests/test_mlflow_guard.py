@@ -5,6 +5,7 @@ refused as overrides and in config files, as a bucket's are."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import pytest
@@ -42,9 +43,36 @@ def test_a_tracker_that_is_down_costs_one_bounded_attempt_then_none(tmp_path, ca
     assert len((tmp_path / "mlflow_unsent.jsonl").read_text().splitlines()) == guard.unsent
 
 
-def test_requests_are_bounded_unless_the_user_set_the_variables(monkeypatch):
-    import os
+def test_the_closing_calls_end_within_their_budget_when_the_server_stops_answering(tmp_path, monkeypatch):
+    """A server that accepts connections and never answers (a hung process): the last calls of a
+    run, in ``closing(2)``, end in about 2 s, not 5 s per request (or MLflow's 120 s x 8)."""
+    import socket
 
+    import mlflow.entities  # noqa: F401  imported before the clock starts, as in a run that is ending
+    import mlflow.tracking  # noqa: F401
+
+    from cocodet.tracking.guard import GuardedClient
+    from cocodet.tracking.tracked_run import TrackedRun
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes connections; nothing ever reads or answers
+        guard = GuardedClient(f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path / "unsent.jsonl")
+        run = TrackedRun(guard, "cocodet")
+        run.run_id = "0" * 32
+        started = time.monotonic()
+        with guard.closing(2):
+            run.set_tags({"cocodet.status": "preempted"})
+            run.log_text("plan", "loader_plan.txt")
+            run.end("preempted")
+        seconds = time.monotonic() - started
+    assert seconds < 3.5 and guard.unsent == 3 and "Timeout" in guard.failure
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "5" and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1"
+
+
+def test_requests_are_bounded_unless_the_user_set_the_variables(monkeypatch):
     from cocodet.tracking.guard import bound_requests
 
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ class GuardedClient:
         self.failure: str | None = None  # the first failure, in one line (None: every call went through)
         self._client = None
         self._deadline: float | None = None
+        self._budget, self._timeout = 0.0, 120
 
     @property
     def client(self):
@@ -63,6 +65,9 @@ class GuardedClient:
             self._stop(f"the closing calls ran out of their {self._budget:g} s (logger.mlflow.close_within_s)", method)
         if self.failure is None:
             try:
+                if self._deadline is not None:  # the request may not outlast the closing budget
+                    remaining = max(1, math.ceil(self._deadline - time.monotonic()))
+                    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(min(remaining, self._timeout))
                 return getattr(self.client, method)(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - any failure (network, server, store) ends contact alike
                 if getattr(e, "error_code", None) in answers:
@@ -73,19 +78,23 @@ class GuardedClient:
 
     @contextmanager
     def closing(self, within_s: float):
-        """The run's last calls: none is started after ``within_s`` seconds, and none retries,
-        so that they fit in a preemption's grace period (``docker stop`` gives 10 s)."""
+        """The run's last calls: they retry nothing, and each request's timeout is cut to what
+        is left of ``within_s`` (at least 1 s), so that together they end within about
+        ``within_s`` + 1 s, inside a preemption's grace period (``docker stop`` gives 10 s)."""
+        names = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+        previous = {name: os.environ.get(name) for name in names}
+        self._timeout = int(previous["MLFLOW_HTTP_REQUEST_TIMEOUT"] or 120)  # MLflow's default
         self._deadline, self._budget = time.monotonic() + within_s, within_s
-        previous = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
         try:
             yield
         finally:
             self._deadline = None
-            if previous is None:
-                os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
-            else:
-                os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = previous
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def _stop(self, reason: str, method: str) -> None:
         self.failure = redact(reason)
