@@ -1,6 +1,6 @@
 """logger=mlflow against a real tracking server (issue #59): what a training run records, read
-back with MlflowClient; no credential anywhere; the same run with its server killed mid-way,
-timed against it; SIGTERM and resume continue one MLflow run."""
+back with MlflowClient; no credential anywhere; SIGTERM and resume continue one MLflow run; the
+same run with its server killed mid-way, timed against it."""
 
 from __future__ import annotations
 
@@ -92,19 +92,41 @@ def test_no_credential_reaches_a_file_a_param_or_a_tag(server, tracked):
     assert run.data.params["logger.mlflow.tracking_uri"] == server.uri.replace("http://", "http://***@")
 
 
-def test_a_server_killed_mid_run_costs_no_training(tracked, coco_tiny, tmp_path):
-    """The tracked run again, its own server SIGKILLed (uvicorn and all) after the 3rd step."""
+def test_sigterm_then_resume_in_a_new_folder_continues_one_run(server, coco_tiny, tmp_path):
+    env = {"PYTHONPATH": str(REPO / "tests")}  # the server named by the override this time, not the variable
+    signal_at = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=5",
+                 f"logger.mlflow.tracking_uri={server.uri}"]
+    _, first = run_train(args(coco_tiny, "trainer.log_every_n_steps=1", *signal_at), tmp_path / "first", env=env)
+    run_id = first["mlflow"]["run_id"]
+    between = server.client().get_run(run_id)
+    assert first["status"] == "preempted" and first["steps"] == 5
+    assert between.info.status == "KILLED" and between.data.tags["cocodet.status"] == "preempted"
+    params_before = between.data.params
+    resume = str(tmp_path / "first" / "checkpoints" / "resume.ckpt")
+    _, second = run_train(args(coco_tiny, "trainer.log_every_n_steps=1", f"ckpt_path={resume}",
+                               f"logger.mlflow.tracking_uri={server.uri}"), tmp_path / "second", env=env)
+    after = server.client().get_run(run_id)
+    assert second["mlflow"]["run_id"] == run_id and second["mlflow"]["resumed"] is True
+    assert after.info.status == "FINISHED" and after.data.tags["cocodet.status"] == "completed"
+    assert after.data.params == params_before  # logged once: the resumed command's ckpt_path is not re-logged
+    assert after.data.tags["cocodet.resumed"] == "1"
+    for key in after.data.metrics:
+        steps = [s for s, _ in history(server, run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key} logged twice at a step: {steps}"
+    assert [s for s, _ in history(server, run_id, "train/loss")] == list(range(STEPS))
+    assert len(history(server, run_id, "val/map")) == 2
+
+
+# Last in the file: it kills the module's server (uvicorn and all), which the tests above use.
+def test_a_server_killed_mid_run_costs_no_training(server, tracked, coco_tiny, tmp_path):
+    """The tracked run again, its server SIGKILLed after the 3rd step, timed against it."""
     _, baseline, _ = tracked
-    doomed = MlflowServer(tmp_path / "server").start()
     kill = ["+callbacks.kill_at._target_=signal_at_step.KillGroupAtStep", "+callbacks.kill_at.step=3",
-            f"+callbacks.kill_at.pgid={doomed.proc.pid}"]
-    try:
-        started = time.monotonic()
-        proc, summary = run_train(args(coco_tiny, *kill), tmp_path / "run",
-                                  env={**secret_env(doomed), "PYTHONPATH": str(REPO / "tests")})
-        seconds = time.monotonic() - started
-    finally:
-        doomed.stop()
+            f"+callbacks.kill_at.pgid={server.proc.pid}"]
+    started = time.monotonic()
+    proc, summary = run_train(args(coco_tiny, *kill), tmp_path / "run",
+                              env={**secret_env(server), "PYTHONPATH": str(REPO / "tests")})
+    seconds = time.monotonic() - started
     print(f"without the kill {baseline['test_seconds']:.1f} s, with it {seconds:.1f} s")
     assert summary["status"] == "completed" and summary["steps"] == baseline["steps"] == STEPS
     assert seconds <= baseline["test_seconds"] + 30
@@ -118,27 +140,3 @@ def test_a_server_killed_mid_run_costs_no_training(tracked, coco_tiny, tmp_path)
     assert {r["step"] for r in records if r["call"] == "log_batch" and "metrics" in r} == {3, 5, 7}
     assert records[-1]["call"] == "set_terminated" and records[-1]["status"] == "FINISHED"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["mlflow"]["unsent"] == unsent
-
-
-def test_sigterm_then_resume_in_a_new_folder_continues_one_run(server, coco_tiny, tmp_path):
-    env = {"MLFLOW_TRACKING_URI": server.uri, "PYTHONPATH": str(REPO / "tests")}
-    signal_at = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=5"]
-    _, first = run_train(args(coco_tiny, "trainer.log_every_n_steps=1", *signal_at), tmp_path / "first", env=env)
-    run_id = first["mlflow"]["run_id"]
-    between = server.client().get_run(run_id)
-    assert first["status"] == "preempted" and first["steps"] == 5
-    assert between.info.status == "KILLED" and between.data.tags["cocodet.status"] == "preempted"
-    params_before = between.data.params
-    resume = str(tmp_path / "first" / "checkpoints" / "resume.ckpt")
-    _, second = run_train(args(coco_tiny, "trainer.log_every_n_steps=1", f"ckpt_path={resume}"), tmp_path / "second",
-                          env=env)
-    after = server.client().get_run(run_id)
-    assert second["mlflow"]["run_id"] == run_id and second["mlflow"]["resumed"] is True
-    assert after.info.status == "FINISHED" and after.data.tags["cocodet.status"] == "completed"
-    assert after.data.params == params_before  # logged once: the resumed command's ckpt_path is not re-logged
-    assert after.data.tags["cocodet.resumed"] == "1"
-    for key in after.data.metrics:
-        steps = [s for s, _ in history(server, run_id, key)]
-        assert len(steps) == len(set(steps)), f"{key} logged twice at a step: {steps}"
-    assert [s for s, _ in history(server, run_id, "train/loss")] == list(range(STEPS))
-    assert len(history(server, run_id, "val/map")) == 2

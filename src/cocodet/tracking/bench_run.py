@@ -1,6 +1,7 @@
 """``mode=bench`` with ``logger=mlflow``: one MLflow run of the bench's figures, through
 ``MlflowClient`` (a bench builds no Trainer): examples_per_s, the wait/work split and the rest
-of the summary's numbers as metrics at step 0, ``batch_digest`` as a tag."""
+of the summary's numbers as metrics at step 0, ``batch_digest`` as a tag, the plan, the summary
+and a non-empty bad_samples.jsonl as artifacts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from cocodet.coco.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
 from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests
 from cocodet.tracking.run_record import end_tags, flat_params, start_tags, summary_metrics
 from cocodet.tracking.store import artifact_root, checkout_dir
@@ -28,6 +30,9 @@ def track_bench(cfg: DictConfig, plan, summary: dict, run_dir: Path) -> dict:
         run.log_metrics(summary_metrics(summary), step=0)
         run.set_tags(end_tags({"status": "completed", **summary}))
         run.log_text(plan.table() + "\n", "loader_plan.txt")
+        bad_samples = run_dir / BAD_SAMPLES_FILE
+        if bad_samples.is_file() and bad_samples.stat().st_size > 0:
+            run.log_file(bad_samples)
         run.log_text(json.dumps({**summary, "mlflow": run.summary()}, default=str) + "\n", "summary.json")
         run.end("completed")
     return run.summary()

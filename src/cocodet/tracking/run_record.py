@@ -43,7 +43,11 @@ def flat_params(cfg: DictConfig) -> dict[str, str]:
 def start_tags(cfg: DictConfig, plan, checkout: Path | None) -> dict[str, str]:
     """Tags known when the run starts: the preset, the git commit, the loader plan, the folder."""
     tags = {"cocodet.mode": str(cfg.mode), "cocodet.run_dir": str(Path(cfg.output_dir).resolve()),
-            "cocodet.loader.workers": str(plan.num_workers), "cocodet.loader.source": str(plan.source)}
+            "cocodet.loader.workers": str(plan.num_workers), "cocodet.loader.source": str(plan.source),
+            "mlflow.source.name": "train.py", "mlflow.source.type": "LOCAL"}  # what MLflow's UI shows as the source
+    user = user_name()
+    if user:
+        tags["mlflow.user"] = user
     preset, overrides, job = hydra_choices()
     if preset:
         tags["cocodet.preset"] = preset
@@ -68,6 +72,16 @@ def hydra_choices() -> tuple[str | None, list[str], int | None]:
     hydra = HydraConfig.get()
     job = int(hydra.job.num) if hydra.mode == RunMode.MULTIRUN else None
     return hydra.runtime.choices.get("experiment"), list(hydra.overrides.task), job
+
+
+def user_name() -> str | None:
+    """Who ran it, for MLflow's "User" column (None: a container user without a passwd entry)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
 
 
 def git_commit(checkout: Path) -> str | None:

@@ -8,6 +8,7 @@ four slashes); ``COCODET_MLFLOW_DB`` moves it (the image puts it in its outputs 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -23,8 +24,8 @@ def checkout_dir() -> str:
 
     if HydraConfig.initialized():
         for source in HydraConfig.get().runtime.config_sources:
-            if source.provider == "main" and source.path.startswith("file://"):
-                return str(Path(source.path[len("file://"):]).resolve().parent)
+            if source.provider == "main" and source.schema == "file":  # not resolved: a linked conf/ is this checkout's
+                return os.path.dirname(os.path.abspath(source.path))
     source_tree = Path(__file__).resolve().parents[3]  # <checkout>/src/cocodet/tracking/store.py
     if (source_tree / "conf" / "config.yaml").is_file():
         return str(source_tree)
