@@ -139,3 +139,30 @@ def test_an_mlflow_credential_in_a_config_file_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="logger.mlflow.tracking_uri: a credential"):
         run_in_process(["mode=plan", "logger=mlflow", "logger.mlflow.tracking_uri=http://u:p@h:5000"], tmp_path / "r")
+
+
+FIRST_CONTACT = """
+import sys, time
+from cocodet.tracking.guard import GuardedClient
+from cocodet.tracking.tracked_run import TrackedRun
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # all at once
+run = TrackedRun(GuardedClient(sys.argv[1], sys.argv[3]), "cocodet")
+run.start(sys.argv[4], params={}, tags={})
+print(run.run_id if run.guard.alive else "FAILED " + str(run.guard.failure))
+"""
+
+
+def test_runs_started_together_on_a_fresh_sqlite_store_all_reach_it(tmp_path):
+    """MLflow's first client on a new SQLite file runs all its migrations; two doing that at
+    once (two runs started together, before a sweep's parent existed) broke alembic's version
+    row and one run lost MLflow. cocodet makes them take turns."""
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    start_at = time.time() + 4  # after every interpreter has imported mlflow
+    procs = [subprocess.Popen([sys.executable, "-c", FIRST_CONTACT, uri, str(start_at), str(tmp_path / f"unsent{i}"),
+                               f"run{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    answers = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert not [a for a in answers if not a or a.startswith("FAILED")], answers
+    assert len(set(answers)) == 4

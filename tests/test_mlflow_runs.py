@@ -1,10 +1,12 @@
-"""logger=mlflow against a real tracking server (issue #59): what a training run records, read
-back with MlflowClient; no credential anywhere; SIGTERM and resume continue one MLflow run; the
-same run with its server killed mid-way, timed against it."""
+"""logger=mlflow against a real tracking server (issue #59), one for the module: what a training
+run records, read back with MlflowClient; no credential anywhere; SIGTERM and resume continue one
+MLflow run; a -m sweep is a parent with a child per job; the first run again with its server
+killed mid-way, timed against it."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,18 +17,19 @@ import pytest
 
 from conftest import NARROW_MODEL, REPO, run_train
 from mlflow_server import MlflowServer
+from mlflow_sweep import children_of, run_sweep
 from cocodet.models.evaluation import ALL_STAT_NAMES
 
 pytestmark = pytest.mark.slow
 
 USER, PASSWORD, URI_PASSWORD = "cocouser", "Pw-7f3e91-distinctive", "Uri-2c8d44-distinctive"
-STEPS = 8  # 2 epochs x limit_train_batches 4
+STEPS = 4  # 2 epochs x limit_train_batches 2
 LOG_EVERY = 2
 
 
 def args(coco_tiny: Path, *extra: str) -> list[str]:
     return ["experiment=coco_tiny", f"dataset.root={coco_tiny}", "dataset.image_size=128", "loader.batch_size=4",
-            NARROW_MODEL, "trainer.max_epochs=2", "+trainer.limit_train_batches=4", "+trainer.limit_val_batches=4",
+            NARROW_MODEL, "trainer.max_epochs=2", "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=2",
             f"trainer.log_every_n_steps={LOG_EVERY}", "trainer.enable_progress_bar=false", "logger=mlflow", *extra]
 
 
@@ -67,7 +70,7 @@ def test_a_run_reads_back_with_its_params_metrics_tags_and_artifacts(server, tra
     for name in ALL_STAT_NAMES:
         assert len(history(server, run.info.run_id, f"val/{name}")) == 2, name
     assert round(history(server, run.info.run_id, "val/map")[-1][1], 4) == summary["map"]
-    # the train metrics at the logging cadence: steps 1, 3, 5, 7 (Lightning logs after every 2nd batch)
+    # the train metrics at the logging cadence: steps 1, 3 (Lightning logs after every 2nd batch)
     assert [s for s, _ in history(server, run.info.run_id, "train/loss")] == list(range(LOG_EVERY - 1, STEPS, LOG_EVERY))
     tags = run.data.tags
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -94,12 +97,12 @@ def test_no_credential_reaches_a_file_a_param_or_a_tag(server, tracked):
 
 def test_sigterm_then_resume_in_a_new_folder_continues_one_run(server, coco_tiny, tmp_path):
     env = {"PYTHONPATH": str(REPO / "tests")}  # the server named by the override this time, not the variable
-    signal_at = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=5",
+    signal_at = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=3",
                  f"logger.mlflow.tracking_uri={server.uri}"]
     _, first = run_train(args(coco_tiny, "trainer.log_every_n_steps=1", *signal_at), tmp_path / "first", env=env)
     run_id = first["mlflow"]["run_id"]
     between = server.client().get_run(run_id)
-    assert first["status"] == "preempted" and first["steps"] == 5
+    assert first["status"] == "preempted" and first["steps"] == 3  # after the first validation
     assert between.info.status == "KILLED" and between.data.tags["cocodet.status"] == "preempted"
     params_before = between.data.params
     resume = str(tmp_path / "first" / "checkpoints" / "resume.ckpt")
@@ -117,11 +120,20 @@ def test_sigterm_then_resume_in_a_new_folder_continues_one_run(server, coco_tiny
     assert len(history(server, run_id, "val/map")) == 2
 
 
+
+# submitit_local runs jobs the way conf/hydra/launcher's slurm launcher does (submitit's pickled
+# job in a process of its own), without SLURM. (joblib's local_parallel: test_mlflow_default_store.py.)
+def test_a_sweep_to_a_server_is_one_parent_with_a_child_per_job(server, synthetic_root, tmp_path):
+    run_sweep(synthetic_root, tmp_path / "sweep", "submitit_local", REPO,
+              {**os.environ, "MLFLOW_TRACKING_URI": server.uri})
+    children_of(server.client(), tmp_path / "sweep")
+
+
 # Last in the file: it kills the module's server (uvicorn and all), which the tests above use.
 def test_a_server_killed_mid_run_costs_no_training(server, tracked, coco_tiny, tmp_path):
-    """The tracked run again, its server SIGKILLed after the 3rd step, timed against it."""
+    """The tracked run again, its server SIGKILLed after the 1st step, timed against it."""
     _, baseline, _ = tracked
-    kill = ["+callbacks.kill_at._target_=signal_at_step.KillGroupAtStep", "+callbacks.kill_at.step=3",
+    kill = ["+callbacks.kill_at._target_=signal_at_step.KillGroupAtStep", "+callbacks.kill_at.step=1",
             f"+callbacks.kill_at.pgid={server.proc.pid}"]
     started = time.monotonic()
     proc, summary = run_train(args(coco_tiny, *kill), tmp_path / "run",
@@ -135,8 +147,8 @@ def test_a_server_killed_mid_run_costs_no_training(server, tracked, coco_tiny, t
     unsent = summary["mlflow"]["unsent"]
     records = [json.loads(line) for line in (tmp_path / "run" / "mlflow_unsent.jsonl").read_text().splitlines()]
     assert unsent > 0 and len(records) == unsent and summary["mlflow"]["unsent_file"].endswith("mlflow_unsent.jsonl")
-    # not sent: the metrics of every logging step from the kill on (after the 3rd batch, before
-    # Lightning logged it at step 3), the end tags, artifacts and status
-    assert {r["step"] for r in records if r["call"] == "log_batch" and "metrics" in r} == {3, 5, 7}
+    # not sent: the metrics of every logging step from the kill on (after the 1st batch, before
+    # Lightning logged it at step 1), the end tags, artifacts and status
+    assert {r["step"] for r in records if r["call"] == "log_batch" and "metrics" in r} == {1, 3}
     assert records[-1]["call"] == "set_terminated" and records[-1]["status"] == "FINISHED"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["mlflow"]["unsent"] == unsent

@@ -14,17 +14,16 @@ def train(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
     from cocodet.models.checkpoint_file import load_checkpoint
     from cocodet.models.fit import fit, seed_model_init
 
-    from cocodet.tracking.trainer_hooks import prepare_tracking
+    from cocodet.tracking.trainer_hooks import CHECKPOINT_KEY, prepare_tracking
 
     ckpt, weights_only = resume_path(cfg, run_dir), bool(cfg.weights_only)
     # Refused in one line before Lightning loads it (as it will: with the same weights_only);
-    # it also names the MLflow run a resume continues.
-    checkpoint = load_checkpoint(ckpt, weights_only) if ckpt else None
+    # only the MLflow run id it carries is kept, not its tensors, while the model is built.
+    resumed_run_id = load_checkpoint(ckpt, weights_only).get(CHECKPOINT_KEY) if ckpt else None
     datamodule = build_datamodule(cfg, plan, run_dir)
     seed_model_init(int(cfg.seed))
     module = build_module(cfg, datamodule)
     trainer = build_trainer(cfg, run_dir)
-    prepare_tracking(trainer, cfg, plan, checkpoint)
-    del checkpoint  # its tensors: Lightning loads the file again, where it restores
+    prepare_tracking(trainer, cfg, plan, resumed_run_id)
     return fit(trainer, module, datamodule, plan, ckpt_path=ckpt, weights_only=weights_only,
                shm_path=str(cfg.loader.shm_path), ranks=run_ranks(cfg))

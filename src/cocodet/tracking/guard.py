@@ -50,7 +50,10 @@ class GuardedClient:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            from cocodet.tracking.store import store_created_once
+
+            with store_created_once(self.tracking_uri):  # the client creates the store
+                self._client = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
 
     @property

@@ -24,9 +24,9 @@ def tracking_callbacks(loggers) -> list:
     return [RunIdInCheckpoint(logger)] if logger is not None else []
 
 
-def prepare_tracking(trainer, cfg: DictConfig, plan, checkpoint: dict | None) -> None:
+def prepare_tracking(trainer, cfg: DictConfig, plan, resumed_run_id: str | None) -> None:
     """Hand the logger the run's parameters and tags, its sweep parent, and the run id a
-    resumed checkpoint carries."""
+    resumed checkpoint carries (``CHECKPOINT_KEY``; None: a new run)."""
     logger = mlflow_logger(trainer.loggers)
     if logger is None or not trainer.is_global_zero:
         return
@@ -35,7 +35,7 @@ def prepare_tracking(trainer, cfg: DictConfig, plan, checkpoint: dict | None) ->
     from cocodet.tracking.sweep import sweep_parent_id
 
     logger.prepare(flat_params(cfg), start_tags(cfg, plan, Path(checkout_dir())), sweep_parent_id(),
-                   (checkpoint or {}).get(CHECKPOINT_KEY))
+                   resumed_run_id)
 
 
 def close_tracking(trainer, summary: dict, plan, files: list[Path]) -> dict | None:
