@@ -194,6 +194,78 @@ def test_a_store_that_does_not_answer_ends_the_run_within_the_timeout(tmp_path, 
     silent.close()
 
 
+class CuttingProxy:
+    """A TCP proxy to ``endpoint`` that cuts the responses to the first ``cuts`` requests whose
+    line starts with ``prefix`` after 2,000 bytes and closes the connection: a store (or a load
+    balancer) restarted in the middle of a body."""
+
+    def __init__(self, endpoint: str, prefix: bytes, cuts: int):
+        self.upstream = ("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
+        self.prefix, self.cuts = prefix, cuts
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            cut = threading.Event()
+            threading.Thread(target=self._requests, args=(client, upstream, cut), daemon=True).start()
+            threading.Thread(target=self._responses, args=(upstream, client, cut), daemon=True).start()
+
+    def _requests(self, client, upstream, cut) -> None:
+        while data := client.recv(65536):
+            if data.startswith(self.prefix) and self.cuts > 0:
+                self.cuts -= 1
+                cut.set()
+            upstream.sendall(data)
+
+    def _responses(self, upstream, client, cut) -> None:
+        sent = 0
+        while data := upstream.recv(65536):
+            if cut.is_set():
+                client.sendall(data[:max(0, 2000 - sent)])
+                sent += len(data)
+                if sent >= 2000:
+                    break
+            else:
+                client.sendall(data)
+        for s in (client, upstream):
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # the FIN now: the other thread still holds the socket
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_response_cut_short_is_retried(store, coco_tiny, monkeypatch):
+    """CI met it as a store restarted mid-epoch: aiohttp's ClientPayloadError ("received 3677 of
+    249283 bytes") ended the run instead of costing a retry."""
+    from cocodet.storage import session
+    from cocodet.storage import store as storage
+
+    for name, value in DUMMY_KEYS.items():
+        monkeypatch.setenv(name, value)
+    name = sorted(p.name for p in (coco_tiny / "train2017").iterdir())[3]
+    proxy = CuttingProxy(store, f"GET /{BUCKET}/train2017/{name}".encode(), cuts=2)
+    try:
+        storage.configure({"endpoint_url": proxy.endpoint}, timeout_s=10, retries=3, give_up_s=5)
+        before = session.counts().get("retries", 0)
+        data = storage.get_object(f"s3://{BUCKET}/train2017/{name}")
+        assert data == (coco_tiny / "train2017" / name).read_bytes()
+        assert proxy.cuts == 0 and session.counts()["retries"] - before == 2
+    finally:
+        proxy.close()
+        storage.configure({"endpoint_url": store})
+
+
 def test_a_credential_override_is_refused_before_hydra_writes_it(tmp_path):
     secret = "cocodet-OVERRIDE-secret-7c1e"
     for override in (f"dataset.storage_options.secret={secret}", f"+dataset.storage_options.key={secret}",

@@ -58,6 +58,12 @@ class StoreDown(StoreError, RunStopped):
 TRANSIENT = (StoreTimeout, StoreUnreachable, StoreTransient)
 _TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "Throttling",
                     "ThrottlingException", "RequestTimeout", "RequestLimitExceeded", "BadGateway"}
+# A response cut short (the store or a proxy restarted mid-body: aiohttp's ClientPayloadError,
+# botocore's IncompleteReadError / ResponseStreamingError): the next attempt reads it whole.
+_CUT_SHORT = {"ClientPayloadError", "ContentLengthError", "IncompleteReadError", "ResponseStreamingError",
+              "ServerDisconnectedError"}
+
+
 def redact(text: str) -> str:
     """``text`` with the environment's credential values replaced by ``***``."""
     for name in CREDENTIAL_ENV:
@@ -98,7 +104,8 @@ def classified(url: str, operation: str, error: Exception, deadline: float, endp
         return StoreUnreachable(redact(
             f"{url}: cannot connect to the store at {endpoint} for {operation} ({error}); check "
             "dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL"))
-    kind = StoreTransient if code in _TRANSIENT_CODES or isinstance(error, ConnectionError) else StoreError
+    transient = code in _TRANSIENT_CODES or isinstance(error, ConnectionError) or type(error).__name__ in _CUT_SHORT
+    kind = StoreTransient if transient else StoreError
     return kind(redact(f"{url}: {operation} failed ({type(error).__name__}: {code + ' ' if code else ''}"
                        f"{message or error})"))
 
