@@ -133,3 +133,129 @@ class ParametersAcrossSteps(L.Callback):
             changed = [n for n, p in pl_module.named_parameters() if not torch.equal(p.detach(), before[n])]
             with open(f"{self.path}.rank{trainer.global_rank}", "a") as f:
                 f.write(json.dumps({"step": step, "changed": len(changed), "of": len(before)}) + "\n")
+
+
+class _AtSteps(L.Callback):
+    """A fault installed for the micro-batches of optimizer steps ``step`` .. ``step+count-1``
+    on rank ``rank`` (None: every rank), removed after each batch (never into validation).
+    ``first_micro_batch_only``: with gradient accumulation, only each such step's first."""
+
+    def __init__(self, step: int, count: int = 1, rank: int | None = None, first_micro_batch_only: bool = False):
+        self.step, self.count, self.rank, self.first_only = step, count, rank, first_micro_batch_only
+        self.handles = []
+
+    def hit(self, trainer, batch_idx) -> bool:
+        return (self.step <= trainer.global_step < self.step + self.count
+                and (self.rank is None or trainer.global_rank == self.rank)
+                and (not self.first_only or batch_idx % trainer.accumulate_grad_batches == 0))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.hit(trainer, batch_idx):
+            self.handles = self.install(pl_module.model)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+class NonFiniteForwardAt(_AtSteps):
+    """The input of the model's first convolution is NaN (a forward pre-hook): every layer
+    after it, BatchNorm's running statistics included, sees NaN, as after an fp16 overflow in
+    a forward on a GPU."""
+
+    def install(self, model):
+        import torch
+
+        first = next(m for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d))
+        return [first.register_forward_pre_hook(lambda module, args: (args[0] * float("nan"), *args[1:]))]
+
+
+class NonFiniteGradientAt(_AtSteps):
+    """The loss stays finite; the gradient reaching the last parameter of the model is NaN (a
+    backward hook): what a square root at 0 or a vanishing area does in a backward pass."""
+
+    def install(self, model):
+        last = [p for p in model.parameters() if p.requires_grad][-1]
+        return [last.register_hook(lambda grad: grad * float("nan"))]
+
+
+class OverflowAt(_AtSteps):
+    """A finite loss scaled by 1e30: finite in fp32, but its fp16 gradients overflow once the
+    GradScaler multiplies it by its scale, so the scaler skips the step and backs off."""
+
+    def install(self, model):
+        def scaled(module, args, losses):
+            return {k: v.float() * 1e30 for k, v in losses.items()} if isinstance(losses, dict) else losses
+
+        return [model.register_forward_hook(scaled)]
+
+
+class PoisonBufferAt(L.Callback):
+    """After optimizer step ``step``, outside any verdict, the first BatchNorm's running
+    variance is set to NaN: a model that ends non-finite by a route the step checks cannot see."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            name, buffer = next((n, b) for n, b in pl_module.model.named_buffers() if n.endswith("running_var"))
+            buffer.fill_(float("nan"))
+
+
+class StateAcrossSteps(L.Callback):
+    """For each optimizer step in ``steps``: the parameters and buffers the step changed, bit
+    for bit (NaN counts as changed), on this rank, one JSON line to ``<path>.rank<R>``, with the
+    fp16 scale before and after where there is a scaler. Snapshot at the step's first
+    micro-batch, compared once the step is taken (after the module's own batch-end work: this
+    runs at the next batch start or the epoch end)."""
+
+    def __init__(self, path: str, steps: list[int]):
+        self.path, self.steps, self.before, self.pending = path, list(steps), {}, None
+
+    def state(self, trainer, pl_module) -> dict:
+        from lightning.pytorch.callbacks.weight_averaging import WeightAveraging
+
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        averaging = next((c for c in trainer.callbacks if isinstance(c, WeightAveraging)), None)
+        average = getattr(averaging, "_average_model", None)  # Lightning's AveragedModel (model.ema.decay)
+        return {"params": {n: p.detach().clone() for n, p in pl_module.named_parameters()},
+                "buffers": {n: b.detach().clone() for n, b in pl_module.named_buffers()},
+                "ema": {n: t.detach().clone() for n, t in average.state_dict().items()} if average is not None else {},
+                "scale": float(scaler.get_scale()) if scaler is not None else None}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.compare(trainer, pl_module)
+        step = trainer.global_step
+        if step in self.steps and step not in self.before:
+            self.before[step] = self.state(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step - 1  # the step just taken, if this batch took one
+        if step in self.before and step in self.steps:
+            self.pending = step
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.compare(trainer, pl_module)
+
+    def compare(self, trainer, pl_module) -> None:
+        import json
+
+        import torch
+
+        if self.pending is None:
+            return
+        step, self.pending = self.pending, None
+        self.steps.remove(step)
+        before, after = self.before[step], self.state(trainer, pl_module)
+        changed = {kind: [n for n, t in after[kind].items() if not torch.equal(t, before[kind][n])]
+                   for kind in ("params", "buffers", "ema")}
+        finite = all(bool(torch.isfinite(t).all()) for kind in ("params", "buffers") for t in after[kind].values()
+                     if t.is_floating_point())
+        row = {"step": step, "params_changed": len(changed["params"]), "params": len(after["params"]),
+               "buffers_changed": changed["buffers"][:5], "n_buffers_changed": len(changed["buffers"]),
+               "ema_changed": len(changed["ema"]), "ema": len(after["ema"]),
+               "finite": finite, "scale_before": before["scale"], "scale_after": after["scale"]}
+        with open(f"{self.path}.rank{trainer.global_rank}", "a") as f:
+            f.write(json.dumps(row) + "\n")

@@ -173,7 +173,7 @@ def test_option_lists_in_prose_are_the_programs():
     from cocodet.errors import RUN_STATUSES
 
     assert re.findall(r"`(\w+)`", design.split("`last_ckpt`, `status`", 1)[1].split("`health`", 1)[0]) == [
-        "completed", "preempted", "store_down", "disk_full", "diverged", "collapsed"] == list(RUN_STATUSES)
+        "completed", "preempted", "store_down", "disk_full", "diverged", "collapsed", "nonfinite"] == list(RUN_STATUSES)
     stale = README.read_text().replace("`ssd300_vgg16`, `ssdlite320", "`ssdlite320")
     assert list_mismatches(stale) == ["Models `augment=ssd|ssdlite` take: ['ssdlite320_mobilenet_v3_large'] != "
                                       "['ssd300_vgg16', 'ssdlite320_mobilenet_v3_large']"]

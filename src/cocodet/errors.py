@@ -9,7 +9,7 @@ annotation that cannot be used, which ``dataset.on_bad_sample`` decides about.
 # ``preempted`` (SIGTERM) come from ``models/fit.py``; the others are the ``status`` of the
 # RunStopped that ended the run (``store_down`` is storage's StoreDown). README "Watching a run"
 # and design §2 list them; tests/test_readme.py checks both lists and every status set in src/.
-RUN_STATUSES = ("completed", "preempted", "store_down", "disk_full", "diverged", "collapsed")
+RUN_STATUSES = ("completed", "preempted", "store_down", "disk_full", "diverged", "collapsed", "nonfinite")
 
 
 class UserError(Exception):
@@ -45,6 +45,13 @@ class TrainingStopped(RunStopped):
     def __init__(self, message: str, status: str, summary: dict | None = None):
         super().__init__(message, summary)
         self.status = status
+
+
+class UnusableModel(RunStopped):
+    """Training ran to its end, but the model it ended with is not finite, or its last
+    checkpoint could not be written for that reason: not ``completed`` (design §12)."""
+
+    status = "nonfinite"
 
 
 class BadSampleError(RuntimeError):

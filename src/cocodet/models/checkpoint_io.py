@@ -29,6 +29,16 @@ log = logging.getLogger(__name__)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
+    """Also the record of what this run's checkpoints hold: ``written`` (the newest file
+    written, and its step) and ``refused`` (the newest state refused since, with its
+    non-finite tensors), which the end of fit reads to tell a usable run from one that only
+    completed (``models/fit.py``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.written: tuple[str, int] | None = None
+        self.refused: dict | None = None
+
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         # Every checkpoint passes here (epoch ends, best, every_n_steps, SIGTERM): a state with a
         # non-finite tensor (a BatchNorm statistic a NaN forward reached) is not written, so
@@ -37,7 +47,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if bad:
             log.warning("not writing checkpoint %s: %d tensors are not finite (%s); the previous file stays", path,
                         len(bad), ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""))
+            self.refused = {"path": str(path), "step": checkpoint.get("global_step"), "tensors": bad}
             return
+        self._write(checkpoint, path, storage_options)
+        self.written, self.refused = (str(path), int(checkpoint.get("global_step") or 0)), None
+
+    def remove_checkpoint(self, path) -> None:
+        # A ModelCheckpoint removes the file its new save replaced; when that save was refused
+        # the old file is the last good state of its kind, so it stays.
+        if self.refused is not None:
+            log.warning("keeping checkpoint %s: the state that was to replace it was not finite", path)
+            return
+        super().remove_checkpoint(path)
+
+    def _write(self, checkpoint: dict, path, storage_options=None) -> None:
         if "://" in str(path):  # object stores have their own atomic puts
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)

@@ -14,7 +14,8 @@ from cocodet import schema
 from cocodet.models.evaluation import (ALL_STAT_NAMES, DEFAULT_BACKEND, detections_to_coco, evaluate, load_ground_truth,
                                       to_original_frame)
 from cocodet.errors import TrainingStopped
-from cocodet.models.health import HealthConfig, StepHealth, agree, confident_count
+from cocodet.models.health import HealthConfig, StepHealth, agree, confident_count, sample_keys
+from cocodet.models.skipped_step import BufferSnapshot, drop_gradients, gradients_finite
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class DetectorModule(L.LightningModule):
         self._resume_position: int | None = None
         self.health = StepHealth(HealthConfig(**dict(health or {})))
         self.ema_decay = schema.check("model.ema.decay", dict(ema or {}).get("decay"))
-        self._scale_before: float | None = None
+        self._window_buffers: BufferSnapshot | None = None  # the model's buffers when this step's window opened
+        self._window_open = False
         self.lr_scaling = dict(lr_scaling) if lr_scaling else None
         self.lr_record: dict = {}  # global_batch and effective_lr, for summary.json
         self._warmup_end = 0  # set where the schedule is built
@@ -98,9 +100,9 @@ class DetectorModule(L.LightningModule):
         # (on_before_optimizer_step).
         nonfinite, stop = agree([bool(bad), self.health.stop_reason is not None], self.device)
         if nonfinite:
-            keys = [(*(int(x) for x in t["sample_key"].tolist()), int(t["image_id"])) for t in targets]
-            self.health.window.note(bad, values, keys)
+            self.health.window.note(bad, values, sample_keys(targets))
         else:
+            self.health.window.add(targets, values)
             bs = len(images)
             self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
             self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
@@ -112,34 +114,62 @@ class DetectorModule(L.LightningModule):
     def learning_rate(self) -> float:
         return float(self.trainer.optimizers[0].param_groups[0]["lr"]) if self.trainer.optimizers else float("nan")
 
+    def on_train_start(self) -> None:
+        if self._resume_position is not None:
+            for config in self.trainer.lr_scheduler_configs:
+                config.scheduler.last_epoch = self._resume_position
+            self._resume_position = None
+        # Allocated once, on the device and after DDP's set-up: the buffers a forward updates.
+        self._window_buffers = BufferSnapshot(self.model)
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        if not self._window_open:  # the first micro-batch of an optimizer step: before its forward
+            self._window_buffers.take()
+            self._window_open = True
+
+    def _scaler(self):
+        return getattr(self.trainer.precision_plugin, "scaler", None)
+
     def on_before_optimizer_step(self, optimizer) -> None:
         """After the window's last backward (and fp16 unscaling), before clipping and the step:
-        once per optimizer step. A step whose window held a non-finite micro-batch on any rank
-        drops every gradient: torch's optimizers leave a parameter without one untouched (no
-        update, no momentum or weight decay, no step count), and so does the EMA."""
+        once per optimizer step. The step is skipped when its window held a non-finite
+        micro-batch on any rank, or (without the fp16 scaler, which judges them itself) when
+        its gradients are not finite: a finite loss whose backward overflowed. The gradients
+        are read after DDP's all-reduce, so every rank reaches the same verdict."""
+        from lightning.pytorch.plugins.precision.amp import _optimizer_handles_unscaling
+
+        scaler = self._scaler()
+        if scaler is None and not self.health.window.nonfinite and not gradients_finite(optimizer):
+            self.health.window.note_gradients()
         lr = self.learning_rate()
         if self.health.end_window(self.global_step, self.current_epoch, lr):
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    p.grad = None
+            drop_gradients(optimizer, unscaled_by_the_optimizer=scaler is not None and
+                           _optimizer_handles_unscaling(optimizer))
             if self.health.consecutive >= self.health.config.max_nonfinite_steps:
+                self._window_buffers.restore()  # the checkpoint this stop may write holds the last good state
                 raise TrainingStopped(self.health.diverged_message(lr), "diverged")
             return
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        self._scale_before = float(scaler.get_scale()) if scaler is not None else None
         if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:  # the logging cadence only
             grads = [p.grad.detach().float().norm() for g in optimizer.param_groups for p in g["params"]
                      if p.grad is not None]
             if grads:
                 self.log("train/grad_norm", torch.stack(grads).norm(), batch_size=1)
 
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        # The fp16 GradScaler skips a step on its own when it finds inf gradients, and lowers its
-        # scale: counted apart from the health check's skips (a GPU-only event, gpu_check.sh).
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if scaler is not None and self._scale_before is not None and float(scaler.get_scale()) < self._scale_before:
-            self.health.amp_skipped += 1
-        self._scale_before = None
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        """The step (its closure runs the window's last micro-batch and the hook above), then
+        what a skipped step must undo: its forwards' buffer updates (BatchNorm's running
+        statistics and counters), before the EMA and the checkpoints read them. The fp16
+        GradScaler skips a step on its own when it finds inf gradients and lowers its scale:
+        that skip is undone too, and counted apart (``amp_skipped_steps``)."""
+        scaler = self._scaler()
+        scale_before = float(scaler.get_scale()) if scaler is not None else None
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if (scaler is not None and not self.health.last_step_skipped
+                and float(scaler.get_scale()) < scale_before):
+            self.health.amp_skip()
+        if self.health.last_step_skipped:
+            self._window_buffers.restore()
+        self._window_open = False
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
         # The schedule follows the steps taken: a skipped step does not advance it.
@@ -222,17 +252,13 @@ class DetectorModule(L.LightningModule):
         self.health.load_state_dict(checkpoint.get("cocodet_health") or {})
         states = checkpoint.get("lr_schedulers") or []
         if any("total_steps" in st or "T_max" in st for st in states):
-            # Skipped steps did not advance the schedule (lr_scheduler_step), nor do they here.
-            step = (checkpoint["global_step"] - self.health.skipped if self.scheduler_interval == "step"
+            # Skipped steps (the health check's and the fp16 scaler's) did not advance the
+            # schedule (lr_scheduler_step), nor do they here.
+            taken = checkpoint["global_step"] - self.health.skipped - self.health.amp_skipped
+            step = (taken if self.scheduler_interval == "step"
                     else checkpoint["epoch"])
             self._resume_position = int(step)
             checkpoint["lr_schedulers"] = []
-
-    def on_train_start(self) -> None:
-        if self._resume_position is not None:
-            for config in self.trainer.lr_scheduler_configs:
-                config.scheduler.last_epoch = self._resume_position
-            self._resume_position = None
 
     def configure_optimizers(self):
         from cocodet.models.optimization import build_optimization

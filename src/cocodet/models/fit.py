@@ -12,11 +12,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cocodet.coco.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
-from cocodet.errors import RunStopped, TrainingStopped
+from cocodet.errors import RunStopped, TrainingStopped, UnusableModel
 from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.models.evaluation import STAT_NAMES
+from cocodet.models.health import nonfinite_tensors
 from cocodet.models.prediction_grid import PredictionGrid
 from cocodet.models.preemption import PreemptionCheckpoint
 from cocodet.ranks import Ranks
@@ -49,6 +50,9 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     best_checkpoint = next((c for c in checkpoints if c.monitor), None)
     last_checkpoint = next((c for c in checkpoints if not c.monitor), None)
     preemption = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
+    if status == "completed":
+        stopped = unusable_end(trainer, module, saves_checkpoints=bool(checkpoints) or preemption is not None)
+        status = stopped.status if stopped is not None else status
     if status == "preempted":
         report_preemption(trainer, preemption)
     timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
@@ -65,7 +69,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "steps": int(trainer.global_step),
         "wall_s": round(time.perf_counter() - started, 1),
         "last_ckpt": _last_checkpoint(last_checkpoint, preemption),
-        "best_ckpt": (best_checkpoint.best_model_path or None) if best_checkpoint else None,
+        "best_ckpt": _existing(best_checkpoint.best_model_path) if best_checkpoint else None,
         "loader_wait": timing.summary() if timing else {},
         "bad_samples": datamodule.bad_sample_summary(),
         "stream_digest": datamodule.stream_digest,
@@ -180,6 +184,37 @@ def finish_ranks(trainer: L.Trainer) -> None:
     if trainer.is_global_zero:
         for proc in getattr(trainer.strategy.launcher, "procs", None) or []:
             proc.wait(timeout=300)
+
+
+def unusable_end(trainer: L.Trainer, module: L.LightningModule, saves_checkpoints: bool) -> UnusableModel | None:
+    """A run that reached its end is ``completed`` only when the model it ends with is finite
+    and, where checkpoints are configured, the newest state offered to them was written (a
+    checkpoint with a non-finite tensor is refused: models/checkpoint_io.py). Otherwise the
+    error that says so, naming the first non-finite tensor and the last good checkpoint."""
+    io = trainer.strategy.checkpoint_io
+    written, refused = getattr(io, "written", None), getattr(io, "refused", None)
+    bad = nonfinite_tensors(module.state_dict())
+    if not bad and not (saves_checkpoints and refused):
+        return None
+    good = (f"the last good checkpoint is {written[0]} (step {written[1]}): resume from it with ckpt_path={written[0]} "
+            if written else "no checkpoint was written before it: start again ")
+    advice = ("and a lower model.optimizer.lr or a longer warm-up (model.scheduler.pct_start); summary.health.skipped "
+              "lists the steps skipped")
+    if bad:
+        return UnusableModel(f"training ended with a model that is not finite: {_tensors(len(bad))}, the first "
+                             f"{bad[0]}, so it is not usable; {good}{advice}")
+    return UnusableModel(f"training ended, but its last checkpoint ({refused['path']}, step {refused['step']}) was not "
+                         f"written: {_tensors(len(refused['tensors']))} not finite, the first "
+                         f"{refused['tensors'][0]}; {good}{advice}")
+
+
+def _tensors(n: int) -> str:
+    return f"{n} tensor" if n == 1 else f"{n} tensors"
+
+
+def _existing(path: str | None) -> str | None:
+    """A checkpoint path a summary may name: one that holds a file."""
+    return path if path and Path(path).is_file() else None
 
 
 def _last_checkpoint(last: ModelCheckpoint | None, preemption: PreemptionCheckpoint | None) -> str | None:

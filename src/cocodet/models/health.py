@@ -1,12 +1,15 @@
 """Training health (design §12): an optimizer step whose accumulation window held a
-non-finite loss on any rank is skipped on every rank, a run of them ends the run as diverged,
+non-finite loss on any rank, or whose gradients are not finite, is skipped on every rank
+(``models/skipped_step.py`` undoes what its forwards did), a run of them ends the run as diverged,
 and a collapse (a loss term frozen at one value, or confident predictions that fell to none
 after the warm-up) is named in a warning.
 
 :class:`StepHealth` holds the bookkeeping of one run; the module calls it. It decides nothing
 alone under DDP: each micro-batch's verdict is one small all-reduce (``[non-finite, stop]``,
 max over ranks), and the optimizer step is skipped when any micro-batch of its window was
-non-finite, so every rank skips the same steps and stops at the same step.
+non-finite, so every rank skips the same steps and stops at the same step. The gradient
+verdict needs no collective: it is read after DDP's all-reduce, where every rank holds the
+same gradients.
 """
 
 from __future__ import annotations
@@ -54,16 +57,37 @@ class FlatTerm:
 @dataclass
 class Window:
     """The micro-batches of one optimizer step (``trainer.accumulate_grad_batches`` of them):
-    the first non-finite one's terms, losses and samples, for the record of a skipped step."""
+    the first non-finite one's terms, losses and samples, for the record of a skipped step.
+    ``cause``: "loss" (a micro-batch's loss on some rank) or "gradients" (finite losses, but
+    the step's gradients were not). ``targets``: each micro-batch's targets, kept by reference
+    so that a gradient skip can name the window's samples (read on the host only then);
+    ``losses`` holds the last micro-batch's terms until a non-finite one replaces them."""
 
     nonfinite: bool = False
+    cause: str = ""
     terms: list[str] = field(default_factory=list)
     losses: dict[str, float] = field(default_factory=dict)
     samples: list = field(default_factory=list)
+    targets: list = field(default_factory=list)
+
+    def add(self, targets, losses: dict[str, float]) -> None:
+        self.targets.append(targets)
+        if not self.nonfinite:
+            self.losses = losses
 
     def note(self, terms: list[str], losses: dict[str, float], samples: list) -> None:
         if not self.nonfinite:
-            self.nonfinite, self.terms, self.losses, self.samples = True, terms, losses, samples
+            self.nonfinite, self.cause, self.terms, self.losses, self.samples = True, "loss", terms, losses, samples
+
+    def note_gradients(self) -> None:
+        if not self.nonfinite:
+            self.nonfinite, self.cause = True, "gradients"
+            self.samples = [key for targets in self.targets for key in sample_keys(targets)]
+
+
+def sample_keys(targets) -> list[tuple]:
+    """``(epoch, index, image_id)`` of each sample of a micro-batch (restored targets)."""
+    return [(*(int(x) for x in t["sample_key"].tolist()), int(t["image_id"])) for t in targets]
 
 
 @dataclass
@@ -106,32 +130,46 @@ class StepHealth:
         window, self.window = self.window, Window()
         self.last_step_skipped = window.nonfinite
         if window.nonfinite:
-            self.record_skip(step, epoch, window.terms, window.losses, window.samples, lr)
+            self.record_skip(step, epoch, window.terms, window.losses, window.samples, lr, window.cause)
         else:
             self.consecutive = 0
             self.recent.clear()
         return window.nonfinite
 
-    def record_skip(self, step: int, epoch: int, terms: list[str], losses: dict[str, float], keys: list, lr: float):
+    def amp_skip(self) -> None:
+        """The fp16 GradScaler skipped the step on its own (inf gradients after scaling): not a
+        health skip (the scaler's first steps calibrate its scale this way), but the model is
+        restored and the schedule and EMA hold still all the same."""
+        self.amp_skipped += 1
+        self.last_step_skipped = True
+
+    def record_skip(self, step: int, epoch: int, terms: list[str], losses: dict[str, float], keys: list, lr: float,
+                    cause: str = "loss"):
         self.consecutive += 1
         self.skipped += 1
         # Non-finite values as words: the summary is strict JSON (NaN is not).
         shown = {k: (round(v, 6) if math.isfinite(v) else str(v)) for k, v in losses.items()}
-        entry = {"step": step, "epoch": epoch, "terms": terms, "losses": shown, "lr": lr, "samples": keys}
+        entry = {"step": step, "epoch": epoch, "cause": cause, "terms": terms, "losses": shown, "lr": lr,
+                 "samples": keys}
         self.recent.append(entry)
         while len(self.recent) > self.config.max_nonfinite_steps:
             self.recent.popleft()
         if len(self.skipped_steps) < SKIP_LOG_LIMIT:
             self.skipped_steps.append(entry)
-            log.warning("step %d skipped on every rank: non-finite loss (%s) at learning rate %.3g; losses %s; "
-                        "samples (epoch, index, image_id) %s", step, ", ".join(terms) or "on another rank", lr,
-                        shown, keys)
+            what = (f"non-finite loss ({', '.join(terms) or 'on another rank'})" if cause == "loss" else
+                    "non-finite gradients from a finite loss")
+            log.warning("step %d skipped on every rank: %s at learning rate %.3g; losses %s; samples (epoch, index, "
+                        "image_id) %s; the model's weights and buffers are as before the step", step, what, lr, shown,
+                        keys)
 
     def diverged_message(self, lr: float) -> str:
         recent = list(self.recent)[-self.consecutive:]
         steps = [e["step"] for e in recent] or ["?"]
         terms = sorted({t for e in recent for t in e["terms"]}) or ["(another rank's)"]
-        return (f"training diverged: {self.consecutive} steps in a row had a non-finite loss "
+        causes = {e.get("cause", "loss") for e in recent}
+        what = {frozenset({"loss"}): "a non-finite loss", frozenset({"gradients"}): "non-finite gradients"}.get(
+            frozenset(causes), "a non-finite loss or gradients")
+        return (f"training diverged: {self.consecutive} steps in a row had {what} "
                 f"(terms {', '.join(terms)}; steps {steps[0]}-{steps[-1]}; learning rate {lr:.3g}), so each was "
                 f"skipped and the run stopped at model.health.max_nonfinite_steps={self.config.max_nonfinite_steps} "
                 "(no checkpoint holds a skipped step's weights). Try a lower model.optimizer.lr, a longer warm-up "

@@ -11,6 +11,7 @@ from functools import partial
 
 import torch
 
+from cocodet.errors import ConfigError
 from cocodet.models.health import warmup_end_step
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ def build_optimization(params, optimizer_factory: partial, scheduler_factory: pa
     """``trainer``: the run's (None outside one: no scaling, no schedule, nothing to size it by)."""
     record, scaled = scaled_lr(trainer, lr_scaling)
     optimizer = optimizer_factory(params=params, **scaled)
+    refuse_clipping_a_fused_optimizer(optimizer, trainer)
     record["effective_lr"] = optimizer.param_groups[0]["lr"]
     if scheduler_factory is None or trainer is None:
         return Optimization(optimizer, record=record)
@@ -68,3 +70,21 @@ def scaled_lr(trainer, lr_scaling: dict | None) -> tuple[dict, dict]:
              "%d (%d rank(s) x loader.batch_size %d x accumulate_grad_batches %d)", ref_lr, ref_batch, lr,
              global_batch, trainer.world_size, batch, accumulate)
     return {"global_batch": global_batch}, {"lr": lr}
+
+
+def refuse_clipping_a_fused_optimizer(optimizer: torch.optim.Optimizer, trainer) -> None:
+    """Under the fp16 GradScaler a fused optimizer unscales its gradients inside its own step,
+    after Lightning would clip them, so Lightning stops the first step with a traceback: refuse
+    the combination here, before the first batch, in one line."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+    clip = float(getattr(trainer, "gradient_clip_val", None) or 0.0)
+    if scaler is None or clip <= 0:
+        return
+    from lightning.pytorch.plugins.precision.amp import _optimizer_handles_unscaling
+
+    if _optimizer_handles_unscaling(optimizer):
+        raise ConfigError(
+            f"{type(optimizer).__name__} with fused=true unscales its fp16 gradients inside its own step, so they "
+            f"cannot be clipped first (trainer.gradient_clip_val={clip:g}, trainer.precision="
+            f"{trainer.precision}): set trainer.gradient_clip_val=0 to keep the fused optimizer, or drop "
+            "model.optimizer.fused")

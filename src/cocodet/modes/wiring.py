@@ -205,10 +205,13 @@ def build_module(cfg: DictConfig, datamodule):
 def build_trainer(cfg: DictConfig, run_dir: Path):
     import lightning as L
 
-    from cocodet.models.precision import resolve_precision
+    from cocodet.models.precision import cpu_fp16_plugin, resolve_precision
 
     args = OmegaConf.to_container(cfg.trainer, resolve=True)
     args["precision"] = resolve_precision(args.get("precision", "32-true"))
+    fp16_on_cpu = cpu_fp16_plugin(args["precision"], args.get("accelerator", "auto"))
+    if fp16_on_cpu is not None:  # Lightning takes the precision from the plugin, not from both
+        del args["precision"]
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     loggers = [instantiate(lg) for lg in (cfg.get("logger") or {}).values()] or False
     if loggers and "mlflow" in cfg.logger:
@@ -221,8 +224,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path):
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     from cocodet.models.checkpoint_io import AtomicCheckpointIO
 
+    plugins = [AtomicCheckpointIO(), *([fp16_on_cpu] if fp16_on_cpu is not None else [])]
     return L.Trainer(**args, default_root_dir=str(run_dir), callbacks=callbacks, logger=loggers,
-                     plugins=[AtomicCheckpointIO()])  # a full disk never truncates the last checkpoint
+                     plugins=plugins)  # a full disk never truncates the last checkpoint
 
 
 def resume_path(cfg: DictConfig, run_dir: Path) -> str | None:
