@@ -5,7 +5,9 @@
 #   PYTHON=python3 GPU_WHEELS=/path/to/wheels scripts/gpu_check.sh [overrides]
 #
 # Parts (synthetic data): the plan (pinned memory); the loader-fed vs pre-loaded ratio; a short
-# bf16 training (2 epochs, is_pinned() asserted on the first batch); mode=eval and
+# bf16 training (2 epochs, is_pinned() asserted on the first batch); fp16 training with a real
+# overflow injected at step 2 (the GradScaler must skip it and back off, and weights and
+# buffers must be unchanged and finite across it: tests/signal_at_step.py); mode=eval and
 # mode=predict on CUDA; the exported TorchScript model on CUDA; the ONNX model on CUDA where a
 # GPU build of onnxruntime is present ("not run" otherwise, not a failure); one epoch of the
 # cheapest published recipe (experiment=tv_ssdlite320_mobilenet_v3_large, bf16); DDP over NCCL.
@@ -15,7 +17,8 @@
 # a private target directory (pip --no-index --target) and cocodet runs from src/.
 # On a host without CUDA it still installs the wheels and composes every mode, then exits 0
 # with its no-CUDA message.
-# GPU_CHECK_REHEARSE=cpu runs the same parts on the CPU (no pinning, fp32, gloo, CPU providers):
+# GPU_CHECK_REHEARSE=cpu runs the same parts on the CPU (no pinning, fp32, fp16 with the CPU's
+# GradScaler, gloo, CPU providers):
 # the script's own plumbing proven on a machine without a GPU (GPU_CHECK_TIME_SCALE=4 stretches
 # the per-part timeouts, which are sized for a GPU).
 # shellcheck disable=SC2329  # the check_* functions run in child shells (export -f)
@@ -64,10 +67,10 @@ field() { py -c "import json,sys; s=json.loads(open(sys.argv[1]).read().splitlin
 if [ -n "${GPU_WHEELS:-}" ]; then
     part wheels 180 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$out/site" "$GPU_WHEELS"/*.whl
-    export PYTHONPATH="$out/site:$REPO/src${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$out/site:$REPO/src:$REPO/tests${PYTHONPATH:+:$PYTHONPATH}"
 else
-    export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"
-fi
+    export PYTHONPATH="$REPO/src:$REPO/tests${PYTHONPATH:+:$PYTHONPATH}"
+fi  # tests/: the fp16 part's overflow injector and state probe (tests/signal_at_step.py)
 py - <<'PY' | tee "$out/versions.txt"
 import importlib, platform
 from importlib.metadata import PackageNotFoundError, version
@@ -112,7 +115,7 @@ fi
 # Each part is a function run under `timeout` in a child bash (exported with its helpers).
 # shellcheck disable=SC2089,SC2090  # $pinned is a Python expression: its quotes are meant
 if [ "$rehearse" = cpu ]; then  # the same parts with what a CPU has in place of each CUDA piece
-    dev=cpu trainer=cpu pinned='s["first_batch_pinned"] is None' precision=32-true ddp=ddp_cpu backend=gloo fp16=32-true
+    dev=cpu trainer=cpu pinned='s["first_batch_pinned"] is None' precision=32-true ddp=ddp_cpu backend=gloo fp16=16-mixed
 else
     dev=cuda trainer=gpu pinned='s["first_batch_pinned"] is True' precision=bf16-mixed ddp=ddp backend=nccl fp16=16-mixed
 fi
@@ -142,10 +145,19 @@ check_train() {
         check train "s['status'] == 'completed' and '${precision%%-*}' in s['precision'] and $pinned" &&
         field train '(s["precision"], "steps", s["steps"], "first batch pinned", s["first_batch_pinned"], "h2d ms", s["loader_wait"].get("h2d_mean_ms"))'
 }
-check_fp16() {  # the GradScaler's own skipped steps, counted apart from the health check's (design §12)
-    train fp16 "${common[@]}" "${tiny[@]}" trainer.max_epochs=1 "trainer.precision=$fp16" >/dev/null &&
-        check fp16 "s['status'] == 'completed' and s['health']['amp_skipped_steps'] <= s['steps']" &&
-        field fp16 '(s["precision"], "scaler skipped", s["health"]["amp_skipped_steps"], "of", s["steps"], "steps; non-finite skips", s["health"]["skipped_nonfinite_steps"])'
+check_fp16() {  # a real fp16 overflow at step 2: the GradScaler skips it and backs off, and the step leaves no trace (design §12)
+    train fp16 "${common[@]}" "${tiny[@]}" trainer.max_epochs=1 "trainer.precision=$fp16" \
+        +callbacks.overflow._target_=signal_at_step.OverflowAt +callbacks.overflow.step=2 \
+        +callbacks.probe._target_=signal_at_step.StateAcrossSteps "+callbacks.probe.path=$out/fp16/state" \
+        "+callbacks.probe.steps=[2]" >/dev/null &&
+        check fp16 "s['status'] == 'completed' and s['precision'] == '16-mixed' and s['health']['amp_skipped_steps'] >= 1 and s['health']['skipped_nonfinite_steps'] == 0" &&
+        py -c 'import json, sys
+row = json.loads(open(sys.argv[1]).read().splitlines()[0])
+assert row["step"] == 2 and row["scale_after"] < row["scale_before"], ("the scaler did not skip step 2", row)
+assert row["params_changed"] == 0 and row["n_buffers_changed"] == 0 and row["finite"], ("step 2 left a trace", row)
+print("overflow at step 2: skipped by the scaler, scale", row["scale_before"], "->", row["scale_after"], end="; ")' \
+            "$out/fp16/state.rank0" &&
+        field fp16 '("weights and buffers unchanged and finite; scaler skipped", s["health"]["amp_skipped_steps"], "of", s["steps"], "steps")'
 }
 check_eval() {
     train eval mode=eval "${common[@]}" "${tiny[@]}" "ckpt_path=$ckpt" >/dev/null &&

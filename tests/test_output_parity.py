@@ -15,6 +15,11 @@ The checkpoints have learned something (mAP@0.5 at least 0.2 on what they are sc
 since comparing zeros proves nothing: each kind memorises 4 coco_tiny images
 (`benchmarks/overfit_subset.py`). The letterbox kind is test_overfit_real's checkpoint, which
 calls `gated_mismatches` itself; this file trains the shortest-side and fixed-size kinds.
+
+The reference never shares cocodet's model code: fcos_resnet18_fpn, which torchvision has no
+builder for, is composed here from torchvision's public classes (issue 69: it had been a deep
+copy of cocodet's own module, so a fault there was in both). Each kind also proves the
+comparison can fail: a changed anchor size planted in what ``models/zoo.py`` builds.
 """
 
 from __future__ import annotations
@@ -73,24 +78,68 @@ def cocodet_eval(args: list[str], ckpt: str, run_dir: Path, monkeypatch) -> tupl
 
 
 def public_model(module, name: str) -> torch.nn.Module:
-    """torchvision's model for the checkpoint: its builder (``name``) with the module's category
-    count and transform sizes and the checkpoint's weights, in eval(). fcos_resnet18_fpn has no
-    torchvision builder: torchvision's FCOS class as cocodet composed it, with a stock
-    GeneralizedRCNNTransform. The transform normalises, batches and post-processes as
-    torchvision's does, and never resizes: cocodet's tensors are already the model's input."""
-    import copy
-
+    """torchvision's model for the checkpoint, built without cocodet's model code
+    (``models/zoo.py``), so a fault there cannot be copied into the reference: torchvision's
+    builder (``name``) with the module's category count and transform sizes, or for
+    fcos_resnet18_fpn, which has no builder, :func:`torchvision_fcos_resnet18_fpn` from
+    torchvision's public classes; then the checkpoint's weights, in eval(). The transform
+    normalises, batches and post-processes as torchvision's does, and never resizes:
+    cocodet's tensors are already the model's input."""
     ours, t = module.model, module.model.transform
+    state = ours.state_dict()
+    num_classes = len(module.category_ids) + 1
     if hasattr(tvd, name):
         sized = {} if isinstance(ours, tvd.ssd.SSD) else {"min_size": t.min_size, "max_size": t.max_size}
-        public = getattr(tvd, name)(weights=None, weights_backbone=None, num_classes=len(module.category_ids) + 1,
-                                    **sized)
-        public.load_state_dict(ours.state_dict())
+        public = getattr(tvd, name)(weights=None, weights_backbone=None, num_classes=num_classes, **sized)
     else:
-        public = copy.deepcopy(ours)
-        public.transform = GeneralizedRCNNTransform(t.min_size, t.max_size, t.image_mean, t.image_std)
+        assert name == "fcos_resnet18_fpn", name
+        public = torchvision_fcos_resnet18_fpn(num_classes, width=state["backbone.fpn.inner_blocks.0.0.weight"].shape[0],
+                                               transform=(t.min_size, t.max_size, t.image_mean, t.image_std))
+    public.load_state_dict(state)
     public.transform.resize = lambda image, target=None: (image, target)  # eval() would resize again
     return public.eval()
+
+
+def torchvision_fcos_resnet18_fpn(num_classes: int, width: int, transform: tuple) -> torch.nn.Module:
+    """FCOS as torchvision composes ``fcos_resnet50_fpn``, on a ResNet-18 body: its ``FCOS``
+    with its default anchors, a ``BackboneWithFPN`` over torchvision's ``resnet18`` (C3-C5, with
+    P6 and P7 from P5's output), an ``FCOSHead`` of one anchor per location, a stock
+    ``GeneralizedRCNNTransform``. ``width``: the FPN's and head's channels, read from the
+    checkpoint."""
+    from torchvision.models import resnet18
+    from torchvision.models.detection.backbone_utils import BackboneWithFPN
+    from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+
+    backbone = BackboneWithFPN(resnet18(weights=None), {"layer2": "0", "layer3": "1", "layer4": "2"}, [128, 256, 512],
+                               width, extra_blocks=LastLevelP6P7(width, width))
+    min_size, max_size, mean, std = transform
+    return tvd.FCOS(backbone, num_classes, min_size=min_size, max_size=max_size, image_mean=mean, image_std=std,
+                    head=tvd.fcos.FCOSHead(width, 1, num_classes))
+
+
+def plant_anchor_fault(monkeypatch) -> None:
+    """A fault in cocodet's own model code: every model ``models/zoo.py`` builds gets anchors
+    of another size (AnchorGenerator's sizes doubled; SSD's default boxes at 1.5x their
+    scales). Its weights load as before; only the parity comparison can see it."""
+    from torchvision.models.detection.anchor_utils import AnchorGenerator, DefaultBoxGenerator
+
+    import cocodet.models.zoo as zoo
+
+    real = zoo.build_detector
+
+    def faulty(*args, **kwargs):
+        model = real(*args, **kwargs)
+        g = model.anchor_generator
+        if isinstance(g, AnchorGenerator):
+            model.anchor_generator = AnchorGenerator(tuple(tuple(2 * s for s in level) for level in g.sizes),
+                                                     g.aspect_ratios)
+        else:
+            assert isinstance(g, DefaultBoxGenerator), type(g)
+            model.anchor_generator = DefaultBoxGenerator(g.aspect_ratios, scales=[1.5 * s for s in g.scales],
+                                                         steps=g.steps, clip=g.clip)
+        return model
+
+    monkeypatch.setattr(zoo, "build_detector", faulty)
 
 
 def public_full_eval(module, name: str, images: Path, ann: Path) -> np.ndarray:
@@ -213,6 +262,9 @@ def test_cocodet_scores_a_checkpoint_as_torchvisions_path_does(kind, overfit, tm
     summary, wrong, stats, module = output_parity(args, name, ckpt, ann, tmp_path, monkeypatch, letterbox=False)
     assert summary["map50"] >= 0.2, summary["map50"]  # it learned something: zeros prove nothing
     assert wrong == []
+    plant_anchor_fault(monkeypatch)  # undone by cocodet_eval once its mode=eval ran
+    _, faulty, _, _ = output_parity(args, name, ckpt, ann, tmp_path / "fault", monkeypatch, letterbox=False)
+    assert faulty, "a changed anchor size in cocodet's model went unseen"
     own = public_full_eval(module, name, coco_tiny_images(args), ann)
     print(f"{kind}: mode=eval {[round(summary[k], 4) for k in STATS]}; torchvision's path on the same tensors "
           f"{stats.round(4).tolist()}; on its own input {own.round(4).tolist()} (reported, not gated)")

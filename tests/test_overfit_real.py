@@ -62,6 +62,12 @@ def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch)
                                        trained["last_ckpt"], ann, tmp_path / "parity", monkeypatch, letterbox=True)
     print(f"letterbox: torchvision's path on the same tensors {stats.round(4).tolist()}")
     assert wrong == []
+    from test_output_parity import plant_anchor_fault
+
+    plant_anchor_fault(monkeypatch)  # a fault in cocodet's model code is seen (cocodet_eval undoes it)
+    _, faulty, _, _ = output_parity([*args, "model.eval_backend=pycocotools"], "fcos_resnet18_fpn",
+                                    trained["last_ckpt"], ann, tmp_path / "parity_fault", monkeypatch, letterbox=True)
+    assert faulty, "a changed anchor size in cocodet's model went unseen"
 
     monkeypatch.setattr(detector, "to_original_frame", shifted_boxes)
     shifted = run_in_process(evaluate, tmp_path / "shifted")
