@@ -83,3 +83,38 @@ def test_container_check_takes_its_mirror_from_the_detector():
     assert '"$REPO/scripts/debian_mirror.sh"' in text and "/etc/apt/sources.list" not in text
     assert "> \"$WORK/debootstrap.log\" 2>&1" in text and 'fail "base image: debootstrap' in text
     assert 'fail "base image: $ENGINE import' in text
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_ci_fails_at_once_when_its_test_data_is_missing(tmp_path, named):
+    """A clean clone without ../shared/data/coco_tiny (or with COCODET_COCO_TINY naming an
+    empty folder): .ci/run stops before installing anything, naming the folder it looked in,
+    instead of letting 34 files' tests skip and pass green (issue 70)."""
+    clone = tmp_path / "clone"
+    (clone / ".ci").mkdir(parents=True)
+    (clone / ".ci" / "run").write_text((REPO / ".ci" / "run").read_text())
+    (clone / "Makefile").write_text("test:\n\ttouch ran-make\ntest-slow:\n\ttouch ran-make\n")
+    env = {k: v for k, v in os.environ.items() if k != "COCODET_COCO_TINY"}
+    if named:
+        env["COCODET_COCO_TINY"] = str(tmp_path / "elsewhere")
+    proc = subprocess.run(["bash", str(clone / ".ci" / "run")], capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode != 0 and not (clone / "ran-make").exists(), proc.stderr
+    folder = tmp_path / "elsewhere" if named else tmp_path / "shared" / "data" / "coco_tiny"
+    assert f"the test data coco_tiny is missing: no annotations/instances_val2017.json under {folder}" in proc.stderr
+    assert ("named by COCODET_COCO_TINY" if named else "beside the checkout") in proc.stderr
+
+
+def test_ci_runs_the_suites_when_its_test_data_is_there(tmp_path):
+    """The same check passes with the data in place, and the suites run with CI=true (under
+    which tests needing coco_tiny fail rather than skip: tests/conftest.py)."""
+    clone = tmp_path / "clone"
+    (clone / ".ci").mkdir(parents=True)
+    (clone / ".ci" / "run").write_text((REPO / ".ci" / "run").read_text())
+    (clone / "Makefile").write_text("test:\n\techo \"CI=$$CI\" > ran-make\ntest-slow:\n\ttrue\n")
+    data = tmp_path / "data" / "annotations"
+    data.mkdir(parents=True)
+    (data / "instances_val2017.json").write_text("{}")
+    env = {**os.environ, "COCODET_COCO_TINY": str(data.parent)}
+    proc = subprocess.run(["bash", str(clone / ".ci" / "run")], capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (clone / "ran-make").read_text().strip() == "CI=true"
