@@ -6,12 +6,19 @@ lives, and a killed one loses it at once (the kernel drops a dead process's lock
   the thread: the window cache's users are one thread per process.
 - :func:`claim_file`: one file (an object copy being written, ``storage/object_cache.py``), an
   ``flock`` on it, which belongs to the open file, so threads of one process exclude each other.
+- :class:`SharedLock`: a lock for shared memory that a process and the workers it forks take
+  (the store's counters and give-up clock, the object cache's budget), in place of
+  ``multiprocessing``'s, whose semaphore stays taken forever when its holder is SIGKILLed (the
+  OOM killer inside a short section hung the parent's next ``counts()``: issue 70).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
+import threading
+import weakref
 
 
 class SlotClaims:
@@ -52,3 +59,44 @@ def claim_file(path: str | os.PathLike) -> int | None:
         pass
     os.close(fd)
     return None
+
+
+class SharedLock:
+    """A lock shared with forked processes that the kernel releases when its holder dies: a
+    POSIX record lock (``fcntl.lockf``) on one byte of an unlinked temporary file, inherited
+    across fork (record locks belong to the process, so a forked worker contends with its
+    parent on the same descriptor), and a thread lock in front of it, since record locks do not
+    exclude two threads of one process (the read-ahead's GET threads). A thread lock held by
+    another thread at fork time would stay held in the child, so each child starts with a new
+    one. A context manager, like ``multiprocessing.Lock``."""
+
+    _instances: "weakref.WeakSet[SharedLock]" = weakref.WeakSet()
+
+    def __init__(self):
+        self._file = tempfile.TemporaryFile()  # unlinked at once: nothing is left behind
+        self._fd = self._file.fileno()
+        self._threads = threading.Lock()
+        SharedLock._instances.add(self)
+
+    def __enter__(self) -> "SharedLock":
+        self._threads.acquire()
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, 0, os.SEEK_SET)
+        except BaseException:
+            self._threads.release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, 0, os.SEEK_SET)
+        finally:
+            self._threads.release()
+
+    @classmethod
+    def _after_fork_in_child(cls) -> None:
+        for lock in list(cls._instances):
+            lock._threads = threading.Lock()
+
+
+os.register_at_fork(after_in_child=SharedLock._after_fork_in_child)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from cocodet.storage import store as storage
-from cocodet.storage.claims import claim_file
+from cocodet.storage.claims import SharedLock, claim_file
 
 log = logging.getLogger(__name__)
 POLL_S = 0.005  # how often a waiting reader looks for a copy another process is writing
@@ -45,7 +45,10 @@ class ObjectCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.objects, self.budget = objects, int(budget)
         self._paths: dict[str, Path] = {}
-        self._held = multiprocessing.Value("q", 0)  # bytes of the copies in the folder (and reserved for)
+        # Bytes of the copies in the folder (and reserved for), under a lock the kernel releases
+        # if a worker is killed holding it (storage/claims.py).
+        self._held = multiprocessing.Value("q", 0, lock=False)
+        self._held_lock = SharedLock()
         self._etags_are_md5 = True  # until an object shows otherwise (SSE-KMS, SSE-C): then sizes only
         for stale in self.folder.glob("*.part"):  # a dead claimer's leftovers; a live one's claim is kept
             fd = claim_file(stale)
@@ -55,18 +58,19 @@ class ObjectCache:
 
     def reserve(self, size: int) -> bool:
         """Count ``size`` more bytes if they fit in the budget."""
-        with self._held.get_lock():
+        with self._held_lock:
             if self._held.value + size > self.budget:
                 return False
             self._held.value += size
             return True
 
     def release(self, size: int) -> None:
-        with self._held.get_lock():
+        with self._held_lock:
             self._held.value -= size
 
     def held_bytes(self) -> int:
-        return int(self._held.value)
+        with self._held_lock:
+            return int(self._held.value)
 
     def path(self, url: str) -> Path:
         found = self._paths.get(url)

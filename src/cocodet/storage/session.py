@@ -43,11 +43,13 @@ class StoreSettings:
 
 _settings = StoreSettings()
 _filesystems: dict[tuple[int, str], object] = {}  # (pid, protocol) -> this process's filesystem
-_counts = None  # multiprocessing.Array of COUNTS, shared with forked workers
+_counts = None  # multiprocessing.Array of COUNTS (no lock of its own), shared with forked workers
 # When the store began failing (time.monotonic(), system-wide on Linux; 0: it answers), shared by
 # this process, its workers and the read-ahead's threads: the store is down for all of them
 # once no request has succeeded for give_up_s, so they give up together.
 _down_since = None
+# Both guarded by one SharedLock, which the kernel releases if a worker is killed inside it.
+_lock = None
 _object_cache = None  # the node-local read-ahead cache (storage/object_cache.py), when one is in use
 
 
@@ -57,7 +59,7 @@ def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retr
     (``rank``: this process's global rank, read once by ``cocodet/ranks.py``; None keeps the one
     configured before, as the datamodule's own call does; ``read_ahead``:
     the remote group's read-ahead keys, used by ``storage/read_ahead.py``)."""
-    global _settings, _counts, _object_cache, _down_since
+    global _settings, _counts, _object_cache, _down_since, _lock
     options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
     _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s),
                               _settings.rank if rank is None else int(rank))
@@ -66,18 +68,21 @@ def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retr
     if _counts is None:
         import multiprocessing
 
-        _counts = multiprocessing.Array("d", len(COUNTS))
-        _down_since = multiprocessing.Value("d", 0.0)
-    with _counts.get_lock():  # a new run counts from zero (several runs share a process in tests and sweeps)
+        from cocodet.storage.claims import SharedLock
+
+        _counts = multiprocessing.Array("d", len(COUNTS), lock=False)
+        _down_since = multiprocessing.Value("d", 0.0, lock=False)
+        _lock = SharedLock()
+    with _lock:  # a new run counts from zero (several runs share a process in tests and sweeps)
         _counts[:] = [0.0] * len(COUNTS)
-    _down_since.value = 0.0
+        _down_since.value = 0.0
 
 
 def _failing_for(now: float) -> float:
     """Note a failure; seconds since the store began failing (this process's view if unshared)."""
     if _down_since is None:
         return 0.0
-    with _down_since.get_lock():
+    with _lock:
         if _down_since.value == 0.0:
             _down_since.value = now
         return now - _down_since.value
@@ -85,7 +90,7 @@ def _failing_for(now: float) -> float:
 
 def _answered() -> None:
     if _down_since is not None and _down_since.value != 0.0:
-        with _down_since.get_lock():
+        with _lock:
             _down_since.value = 0.0
 
 
@@ -108,13 +113,16 @@ def check_store_up(url: str, operation: str) -> None:
 
 def count(name: str, amount: float = 1) -> None:
     if _counts is not None:
-        with _counts.get_lock():
+        with _lock:
             _counts[COUNTS.index(name)] += amount
 
 
 def counts() -> dict[str, float]:
     """Every counter so far, this process and its workers together."""
-    return {name: (_counts[k] if _counts is not None else 0.0) for k, name in enumerate(COUNTS)}
+    if _counts is None:
+        return dict.fromkeys(COUNTS, 0.0)
+    with _lock:
+        return {name: _counts[k] for k, name in enumerate(COUNTS)}
 
 
 def use_object_cache(cache) -> None:
