@@ -7,8 +7,10 @@ an MD5, and the loader's start method."""
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -316,3 +318,51 @@ print(int(storage.counts()["gets"]))
                           env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     lines = proc.stdout.split()
     assert lines[:1] == ["fork"] and lines[-1] == "8", (proc.stdout, proc.stderr[-2000:])
+
+
+FULL_DISK = """
+import hashlib, json, logging, os, sys
+from cocodet.storage import store as storage
+from cocodet.storage.object_cache import ObjectCache
+
+endpoint, folder, urls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+storage.configure({"endpoint_url": endpoint}, timeout_s=5, retries=2, give_up_s=10)
+lines = []
+handler = logging.Handler()
+handler.emit = lambda record: lines.append(record.getMessage())
+logging.getLogger("cocodet").addHandler(handler)
+cache = ObjectCache(folder, storage.listing(urls[0].rsplit("/", 1)[0]), 1 << 30)
+digests = [hashlib.md5(cache.read(url)).hexdigest() for url in urls[:-1]]  # the workers' misses
+last = urls[-1]
+size = cache.objects[last]["size"]
+assert cache.reserve(size)  # the read-ahead's way: reserved, then fetched
+digests.append(hashlib.md5(cache.fetch(last, reserved=True)).hexdigest())
+on_disk = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+print(json.dumps({"digests": digests, "held": cache.held_bytes(), "on_disk": on_disk, "copies": len(os.listdir(folder)),
+                  "writable": cache.writable(), "log": lines}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_full_copies_disk_serves_the_bytes_and_names_the_disk(bucket, tmp_path):
+    """The copies' folder is a 16 KiB tmpfs (a private mount namespace): a few copies fit, then
+    the disk refuses (ENOSPC). Every read still returns the object's bytes, the budget held is
+    what is on the disk (before issue 70: the image became a bad sample, "cannot read: No space
+    left on device", and its reservation was never given back), and one warning names the
+    folder and its free space, not /dev/shm."""
+    endpoint, urls, bodies = bucket
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    (tmp_path / "full_disk.py").write_text(FULL_DISK)
+    script = f"{sys.executable} {tmp_path / 'full_disk.py'} {endpoint} {folder} '{json.dumps(urls)}'"
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f"mount -t tmpfs -o size=16k tmpfs {folder} && {script}"],
+                          capture_output=True, text=True, timeout=300, env=os.environ)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["digests"] == [hashlib.md5(b).hexdigest() for b in bodies]
+    assert 0 < out["copies"] < len(urls) and not out["writable"], out
+    assert out["held"] == out["on_disk"], out
+    [warning] = [line for line in out["log"] if "read-ahead copies" in line]
+    assert f"on the disk of {folder}" in warning and "No space left on device" in warning and "free of" in warning
+    assert "/dev/shm" not in "\n".join(out["log"])

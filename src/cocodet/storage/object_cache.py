@@ -24,14 +24,19 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
 from cocodet.storage import store as storage
 from cocodet.storage.claims import SharedLock, claim_file
+from cocodet.units import mib
 
 log = logging.getLogger(__name__)
 POLL_S = 0.005  # how often a waiting reader looks for a copy another process is writing
+# After the copies' disk refused a write (full, over quota, read-only, failing), copies are not
+# attempted for this long: reads go to the store, the read-ahead pauses; then one try again.
+DISK_RETRY_S = 30.0
 
 
 class ObjectCache:
@@ -49,6 +54,9 @@ class ObjectCache:
         # if a worker is killed holding it (storage/claims.py).
         self._held = multiprocessing.Value("q", 0, lock=False)
         self._held_lock = SharedLock()
+        # time.monotonic() until which the disk is taken to refuse copies (0: it takes them), for
+        # this process and its workers: one double, written whole (a race sets a near time).
+        self._refused_until = multiprocessing.Value("d", 0.0, lock=False)
         self._etags_are_md5 = True  # until an object shows otherwise (SSE-KMS, SSE-C): then sizes only
         for stale in self.folder.glob("*.part"):  # a dead claimer's leftovers; a live one's claim is kept
             fd = claim_file(stale)
@@ -97,7 +105,13 @@ class ObjectCache:
         A reservation not needed (the copy was there already) is given back."""
         part = self._part(url)
         while True:
-            fd = claim_file(part)
+            if not self.writable():
+                return self._direct(url, miss, reserved)
+            try:
+                fd = claim_file(part)
+            except OSError as e:  # the folder's disk refused even the claim's empty file
+                self._disk_refused(part, e)
+                continue
             if fd is not None:
                 return self._fetch_into(url, part, fd, miss, reserved)
             data = self._found(url, reserved)  # published while we looked
@@ -127,11 +141,8 @@ class ObjectCache:
             data = storage.get_object(url)
             self._check(url, data)
             if reserved or self.reserve(len(data)):
-                os.ftruncate(fd, 0)  # a dead claimer may have left part of a file here
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.replace(part, self.path(url))  # still claimed: nobody else writes this name meanwhile
+                if not self._publish(url, part, fd, data):
+                    self.release(len(data))  # nothing kept: the reservation is given back
             else:  # not kept: the budget is full
                 self._unlink(part)
         except BaseException:
@@ -142,6 +153,56 @@ class ObjectCache:
         if miss:
             storage.count("misses")
         return data
+
+    def _publish(self, url: str, part: Path, fd: int, data: bytes) -> bool:
+        """Write ``data`` into the claimed ``part`` and rename it to the copy's name; False
+        when the disk refused (the bytes are in memory already: a copy is a saving, never a
+        reason to fail a read)."""
+        try:
+            os.ftruncate(fd, 0)  # a dead claimer may have left part of a file here
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.replace(part, self.path(url))  # still claimed: nobody else writes this name meanwhile
+            return True
+        except OSError as e:
+            self._unlink(part)
+            self._disk_refused(part, e)
+            return False
+
+    def _direct(self, url: str, miss: bool, reserved: bool) -> bytes:
+        """The object's bytes while the disk refuses copies: a copy already there, else one GET
+        kept in memory only; a reservation made for it is given back."""
+        data = self._found(url, reserved)
+        if data is not None:
+            return data
+        data = storage.get_object(url)
+        self._check(url, data)
+        if reserved:
+            self.release(len(data))
+        if miss:
+            storage.count("misses")
+        return data
+
+    def writable(self) -> bool:
+        """False for DISK_RETRY_S after the copies' disk refused a write."""
+        return time.monotonic() >= self._refused_until.value
+
+    def _disk_refused(self, path: Path, error: OSError) -> None:
+        """Stop copying for DISK_RETRY_S; said once per refusal, by the process that met it,
+        with the folder's disk and its free space: the disk is named, not an image."""
+        was_writable = self.writable()
+        self._refused_until.value = time.monotonic() + DISK_RETRY_S
+        if was_writable:
+            try:
+                usage = shutil.disk_usage(self.folder)
+                space = f"{mib(usage.free)} free of {mib(usage.total)}"
+            except OSError:
+                space = "free space unknown"
+            log.warning("read-ahead copies: writing %s failed (%s, errno %s) on the disk of %s (%s); no copy is kept "
+                        "for %g s: reads go to the store directly and the run goes on. Free space there or point "
+                        "dataset.remote.cache_dir at a larger disk", path.name,
+                        error.strerror or error, error.errno, self.folder, space, DISK_RETRY_S)
 
     def _check(self, url: str, data: bytes) -> None:
         """The listing's size, always; the MD5 where the ETag is one. A single-part upload's

@@ -158,6 +158,8 @@ class Prefetcher:
                         return
                     future, lead_at, ahead_at, start = self._future()
                     held, free_slots = self.held_mask.copy(), self.concurrency - len(self.inflight)
+                    if not self.cache.writable():  # the copies' disk refuses: no fetch ahead until it may again
+                        free_slots = 0
                     unpinned = self.pinned_until < start
                 for k, read_at in self._plan(future, lead_at, ahead_at, start, held, unpinned, free_slots):  # unlocked
                     with self._changed:
@@ -220,6 +222,9 @@ class Prefetcher:
         url = self.paths[k]
         try:
             self.cache.fetch(url, reserved=True)
+            if not self.cache.held(url):  # the disk refused the copy (its reservation was given back)
+                with self._changed:
+                    self.held_mask[k] = False
         except BaseException as e:  # noqa: BLE001 - the workers meet the same failure and end the run with it
             log.warning("read-ahead: %s not fetched (%s); not fetched again by the read-ahead, workers read it "
                         "directly", url, e)
