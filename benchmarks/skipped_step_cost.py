@@ -1,7 +1,7 @@
 """What undoing a skipped step costs on every step (issue 69, design §12), side by side in one
 run: a CPU training step of the model (forward, backward, AdamW) against the guard's own work
 on every optimizer step, the buffer snapshot (``BufferSnapshot.take``) and the gradient
-verdict (``gradients_finite``: one largest-magnitude reduction and one host sync). The restore
+verdict (``gradients_finite``: the gradients' total L2 norm and one host sync). The restore
 runs only on a skipped step and is timed apart.
 
     python benchmarks/skipped_step_cost.py                       # the default model and fcos_resnet50_fpn
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from cocodet.models.skipped_step import BufferSnapshot, gradients_finite
+from cocodet.models.skipped_step import BufferSnapshot, gradient_norm, gradients_finite
 from cocodet.models.zoo import build_detector
 
 
@@ -46,7 +46,7 @@ def measure(name: str, size: int, batch: int, steps: int, repeats: int) -> dict:
     step_ms = median_ms(step, steps)
     snapshot = BufferSnapshot(model)
     take_ms = median_ms(snapshot.take, repeats)
-    verdict_ms = median_ms(lambda: gradients_finite(optimizer), repeats)
+    verdict_ms = median_ms(lambda: gradients_finite(gradient_norm(optimizer)), repeats)
     restore_ms = median_ms(snapshot.restore, repeats)
     guard = take_ms + verdict_ms
     return {"model": name, "size": size, "batch": batch, "threads": torch.get_num_threads(),

@@ -15,7 +15,7 @@ from cocodet.models.evaluation import (ALL_STAT_NAMES, DEFAULT_BACKEND, detectio
                                       to_original_frame)
 from cocodet.errors import TrainingStopped
 from cocodet.models.health import HealthConfig, StepHealth, agree, confident_count, sample_keys
-from cocodet.models.skipped_step import BufferSnapshot, drop_gradients, gradients_finite
+from cocodet.models.skipped_step import BufferSnapshot, drop_gradients, gradient_norm, gradients_finite
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,11 @@ class DetectorModule(L.LightningModule):
         from lightning.pytorch.plugins.precision.amp import _optimizer_handles_unscaling
 
         scaler = self._scaler()
-        if scaler is None and not self.health.window.nonfinite and not gradients_finite(optimizer):
+        logged = self.global_step % max(1, self.trainer.log_every_n_steps) == 0  # the logging cadence
+        # The verdict's norm is also the logged one; under the fp16 scaler (which judges the
+        # gradients itself) it is computed at the logging cadence only.
+        norm = gradient_norm(optimizer) if scaler is None or logged else None
+        if scaler is None and not self.health.window.nonfinite and not gradients_finite(norm):
             self.health.window.note_gradients()
         lr = self.learning_rate()
         if self.health.end_window(self.global_step, self.current_epoch, lr):
@@ -149,11 +153,8 @@ class DetectorModule(L.LightningModule):
                 self._window_buffers.restore()  # the checkpoint this stop may write holds the last good state
                 raise TrainingStopped(self.health.diverged_message(lr), "diverged")
             return
-        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:  # the logging cadence only
-            grads = [p.grad.detach().float().norm() for g in optimizer.param_groups for p in g["params"]
-                     if p.grad is not None]
-            if grads:
-                self.log("train/grad_norm", torch.stack(grads).norm(), batch_size=1)
+        if logged and norm is not None:
+            self.log("train/grad_norm", norm, batch_size=1)
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         """The step (its closure runs the window's last micro-batch and the hook above), then

@@ -8,10 +8,13 @@ copied back when its step is skipped, by the health check or by the fp16 GradSca
 
 - :class:`BufferSnapshot`: every buffer of the model (floating and integer; a model of the zoo
   may update any of them in ``train()``), copied into storage allocated once.
-- :func:`gradients_finite`: the gradient verdict, one reduction over every gradient (the
-  largest magnitude, which NaN and inf propagate through and which cannot overflow as a sum
-  of squares can) and one host sync. Read after DDP's gradient all-reduce, so every rank holds
-  the same gradients and reaches the same verdict without a collective of its own.
+- :func:`gradients_finite`: the gradient verdict, one reduction over every gradient (their
+  total L2 norm, as gradient clipping computes it: NaN and inf reach it, and a norm that
+  overflows float32 is one clipping would turn into a zero step anyway) and one host sync.
+  The largest magnitude (the inf norm) would not overflow, but costs 7x more on a CPU (27 ms
+  against 3.7 ms over fcos_resnet18_fpn's 19 M gradients). Read after DDP's gradient
+  all-reduce, so every rank holds the same gradients and reaches the same verdict without a
+  collective of its own.
 - :func:`drop_gradients`: how a step is skipped so that the optimizer, and the fp16 scaler
   when there is one, take no step.
 """
@@ -44,13 +47,15 @@ def gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-def gradients_finite(optimizer: torch.optim.Optimizer) -> bool:
-    """True when every gradient the optimizer would apply is finite (no gradient: True)."""
+def gradient_norm(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """The total L2 norm of the gradients the optimizer would apply (None without any)."""
     grads = gradients(optimizer)
-    if not grads:
-        return True
-    largest = torch.nn.utils.get_total_norm(grads, norm_type=float("inf"))
-    return bool(torch.isfinite(largest))
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else None
+
+
+def gradients_finite(norm: torch.Tensor | None) -> bool:
+    """True when every gradient is finite, judged by :func:`gradient_norm` (no gradient: True)."""
+    return norm is None or bool(torch.isfinite(norm))
 
 
 def drop_gradients(optimizer: torch.optim.Optimizer, unscaled_by_the_optimizer: bool) -> None:
