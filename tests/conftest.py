@@ -113,7 +113,7 @@ LONGEST_FILES = {
     "test_long_run.py": 120, "test_resume.py": 110, "test_loader_faults.py": 103, "test_hostile_paths.py": 92,
     "test_reference_presets.py": 77, "test_scale.py": 74, "test_export_resize.py": 60, "test_ssd_presets.py": 58, "test_recipes.py": 45, "test_pretrained_files.py": 16, "test_replan.py": 64, "test_loader_hang.py": 59,
     "test_health.py": 51, "test_skipped_step.py": 150, "test_regression_prior.py": 25, "test_trust.py": 37, "test_disk_full.py": 25, "test_gpu_path.py": 19,
-    "test_container.py": 12, "test_mlflow_runs.py": 150, "test_mlflow_default_store.py": 45, "test_store_outage.py": 90, "test_remote_root.py": 75, "test_read_ahead.py": 70, "test_bench.py": 12, "test_layout.py": 11,
+    "test_container.py": 12, "test_mlflow_runs.py": 150, "test_mlflow_blink.py": 150, "test_mlflow_default_store.py": 45, "test_store_outage.py": 90, "test_remote_root.py": 75, "test_read_ahead.py": 70, "test_bench.py": 12, "test_layout.py": 11,
 }
 
 

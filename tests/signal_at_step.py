@@ -259,3 +259,16 @@ class StateAcrossSteps(L.Callback):
                "finite": finite, "scale_before": before["scale"], "scale_after": after["scale"]}
         with open(f"{self.path}.rank{trainer.global_rank}", "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+class PauseAtStep(L.Callback):
+    """Sleep ``seconds`` after optimizer step ``step`` (a run made to outlast an outage)."""
+
+    def __init__(self, step: int, seconds: float):
+        self.step, self.seconds = step, seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            import time
+
+            time.sleep(self.seconds)

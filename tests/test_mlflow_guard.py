@@ -119,7 +119,7 @@ def test_every_summary_status_ends_the_mlflow_run_as_documented():
 
     assert set(MLFLOW_STATUS) == set(RUN_STATUSES)
     assert {s for s, m in MLFLOW_STATUS.items() if m == "KILLED"} == {"preempted", "store_down"}
-    assert {s for s, m in MLFLOW_STATUS.items() if m == "FAILED"} == {"diverged", "collapsed", "disk_full"}
+    assert {s for s, m in MLFLOW_STATUS.items() if m == "FAILED"} == {"diverged", "collapsed", "disk_full", "nonfinite"}
 
 
 @pytest.mark.parametrize("override", ["hydra.job.env_set.MLFLOW_TRACKING_PASSWORD={s}",

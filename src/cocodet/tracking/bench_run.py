@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cocodet.coco.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
-from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests
+from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests, redact
 from cocodet.tracking.run_record import end_tags, flat_params, start_tags, summary_metrics
 from cocodet.tracking.store import artifact_root, checkout_dir
 from cocodet.tracking.sweep import sweep_parent_id
@@ -33,6 +33,7 @@ def track_bench(cfg: DictConfig, plan, summary: dict, run_dir: Path) -> dict:
         bad_samples = run_dir / BAD_SAMPLES_FILE
         if bad_samples.is_file() and bad_samples.stat().st_size > 0:
             run.log_file(bad_samples)
-        run.log_text(json.dumps({**summary, "mlflow": run.summary()}, default=str) + "\n", "summary.json")
+        run.log_text(redact(json.dumps({**summary, "mlflow": run.summary()}, default=str)) + "\n", "summary.json")
         run.end("completed")
+    run.guard.finish()
     return run.summary()

@@ -1,10 +1,15 @@
-"""MLflow calls that never stop training: bounded, and after the first failure not made at all.
+"""MLflow calls that never stop training: bounded, and during an outage sent later, in order.
 
 A tracking server that is down would otherwise cost MLflow's default 7 retries of up to 120 s
 per call, on rank 0, with every DDP rank waiting for it at the next collective. Here every
-request is bounded (``bound_requests``), the first failure ends all contact for the rest of the
-run (one warning), and whatever a call would have sent is appended to
-``<run>/mlflow_unsent.jsonl`` instead, one JSON object per call, so nothing is lost.
+request is bounded (``bound_requests``). The first failure starts an outage (one warning): from
+then on the training thread never waits on the server. Calls that write to a known run (metrics,
+tags, texts, artifacts, the status) are queued in order and sent again by a background thread,
+with a back-off from 2 s to 30 s; when the queue is empty the server is used directly again (one
+line says it is back). The run's last calls retry within ``close_within_s``, artifact uploads
+within their own bound. Every call not sent by then, and every call that could not be queued (a
+run never created, a read), is in ``<run>/mlflow_unsent.jsonl``, one JSON object per call, which
+``python -m cocodet.tracking replay RUN_DIR`` sends later (``tracking/replay.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import json
 import logging
 import math
 import os
+import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,6 +29,14 @@ from cocodet.credentials import redact  # noqa: F401  (re-exported for tracking'
 log = logging.getLogger(__name__)
 
 UNSENT_NAME = "mlflow_unsent.jsonl"
+RETRY_FIRST_S, RETRY_CAP_S = 2.0, 30.0  # the background retry's back-off during an outage
+# Calls that write to a run already created: kept in order and sent once the server answers.
+QUEUED_CALLS = ("log_batch", "log_text", "log_artifact", "set_terminated")
+
+
+class UploadTooSlow(Exception):
+    """An artifact upload that did not finish within its bound: not an outage, but not sent."""
+
 
 def bound_requests(timeout_s: int, max_retries: int) -> None:
     """Bound MLflow's HTTP requests for this process, unless the user set the variables
@@ -34,16 +49,26 @@ def bound_requests(timeout_s: int, max_retries: int) -> None:
 
 class GuardedClient:
     """An ``MlflowClient`` whose calls go through :meth:`call`. ``unsent_path``: where the calls
-    not made are kept (created on the first one)."""
+    not sent are kept (created on the first one)."""
 
     def __init__(self, tracking_uri: str, unsent_path: str | Path):
         self.tracking_uri = tracking_uri
         self.unsent_path = Path(unsent_path)
-        self.unsent = 0        # calls kept in unsent_path instead of sent
-        self.failure: str | None = None  # the first failure, in one line (None: every call went through)
+        self.failure: str | None = None  # the current outage's first failure, in one line (None: in contact)
+        self.outages = 0       # outages met in this run
+        self.sent_late = 0     # calls the background retry sent after an outage
         self._client = None
         self._deadline: float | None = None
+        self._uploads_within: float | None = None
         self._budget, self._timeout = 0.0, 120
+        self._records: list[dict] = []  # every call written to unsent_path, with its "seq"
+        self._pending: deque = deque()  # (seq, method, args, kwargs) queued for the retry, in call order
+        self._sent: set[int] = set()   # seqs of queued calls sent since
+        self._lock = threading.Lock()       # the outage state and the queue
+        self._sending = threading.Lock()    # one sender of the queue at a time (the retry or the close)
+        self._stop = threading.Event()
+        self._retry: threading.Thread | None = None
+        self._down_at = 0.0
 
     @property
     def client(self):
@@ -60,61 +85,192 @@ class GuardedClient:
     def alive(self) -> bool:
         return self.failure is None
 
+    @property
+    def unsent(self) -> int:
+        """Calls not sent (so far): written to ``unsent_path`` and not sent late since."""
+        return sum(1 for r in self._records if r["seq"] not in self._sent)
+
     def call(self, method: str, *args, keep: dict | None = None, answers: tuple[str, ...] = (), **kwargs):
         """``MlflowClient.<method>(*args, **kwargs)``; None when it was not made or failed, and
-        then ``keep`` (what the call carried, JSON-able) goes to the unsent file. ``answers``:
-        MLflow error codes that are an answer, not a failure (None, and contact goes on)."""
-        if self.failure is None and self._deadline is not None and time.monotonic() > self._deadline:
-            self._stop(f"the closing calls ran out of their {self._budget:g} s (logger.mlflow.close_within_s)", method)
-        if self.failure is None:
+        then ``keep`` (what the call carried, JSON-able) goes to the unsent file, and the call to
+        the retry queue if it writes to a known run. ``answers``: MLflow error codes that are an
+        answer, not a failure (None, and contact goes on)."""
+        with self._lock:
+            if self.failure is not None or self._pending:  # never wait on a server that failed; keep the order
+                return self._hold(method, args, kwargs, keep)
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            self._outage(f"the closing calls ran out of their {self._budget:g} s (logger.mlflow.close_within_s)",
+                         method)
+            with self._lock:
+                return self._hold(method, args, kwargs, keep)
+        try:
+            return self._send(method, args, kwargs)
+        except UploadTooSlow as e:  # listed, not queued: another try would be as slow
+            log.warning("MLflow: %s", e)
+            with self._lock:
+                return self._hold(method, args, kwargs, keep, queue=False)
+        except Exception as e:  # noqa: BLE001 - any failure (network, server, store) starts an outage alike
+            if getattr(e, "error_code", None) in answers:
+                return None
+            self._outage(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", method)
+        with self._lock:
+            return self._hold(method, args, kwargs, keep)
+
+    def _send(self, method: str, args: tuple, kwargs: dict):
+        if self._deadline is not None:  # the request may not outlast the closing budget
+            remaining = max(1, math.ceil(self._deadline - time.monotonic()))
+            os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(min(remaining, self._timeout))
+        if method == "log_artifact" and self._uploads_within is not None:
+            return self._bounded_upload(args, kwargs)
+        return getattr(self.client, method)(*args, **kwargs)
+
+    def _bounded_upload(self, args: tuple, kwargs: dict):
+        """An upload (a checkpoint: 100-300 MB) has per-socket timeouts only: here it has a
+        whole bound, what is left of the uploads' budget; one that does not finish is listed
+        as unsent (it may still finish in the background before the process ends)."""
+        box: dict = {}
+
+        def upload():
             try:
-                if self._deadline is not None:  # the request may not outlast the closing budget
-                    remaining = max(1, math.ceil(self._deadline - time.monotonic()))
-                    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(min(remaining, self._timeout))
-                return getattr(self.client, method)(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - any failure (network, server, store) ends contact alike
-                if getattr(e, "error_code", None) in answers:
-                    return None
-                self._stop(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", method)
-        self._keep(method, keep)
+                box["value"] = self.client.log_artifact(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - handed to the caller below
+                box["error"] = e
+
+        thread = threading.Thread(target=upload, daemon=True, name="cocodet-mlflow-upload")
+        thread.start()
+        thread.join(max(0.0, self._deadline - time.monotonic()) if self._deadline is not None else None)
+        if thread.is_alive():
+            raise UploadTooSlow(f"uploading {args[1]} did not finish within logger.mlflow.artifacts_within_s="
+                                f"{self._uploads_within:g} s; it is listed in {self.unsent_path}")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _outage(self, reason: str, method: str) -> None:
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure, self._down_at = redact(reason), time.monotonic()
+            self.outages += 1
+        log.warning("MLflow: %s to %s failed (%s); training goes on, and what it sends meanwhile is kept in order "
+                    "and sent again once the server answers (whatever is left at the end stays in %s)", method,
+                    redact(self.tracking_uri), self.failure, self.unsent_path)
+
+    def _hold(self, method: str, args: tuple, kwargs: dict, keep: dict | None, queue: bool = True) -> None:
+        """Under the lock: keep the call in the unsent file; queue it for the retry when it
+        writes to a known run."""
+        seq = len(self._records)
+        record = {"seq": seq, "call": method, "time": round(time.time(), 3), **(keep or {})}
+        self._records.append(record)
+        try:
+            self.unsent_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.unsent_path.open("a") as f:
+                f.write(redact(json.dumps(record, default=str)) + "\n")
+        except OSError as e:  # a full disk: the count still says something was not sent
+            log.debug("MLflow: %s not written (%s)", self.unsent_path, e)
+        if queue and method in QUEUED_CALLS and (keep or {}).get("run_id") and not self._stop.is_set():
+            self._pending.append((seq, method, args, kwargs))
+            if self._retry is None:
+                self._retry = threading.Thread(target=self._retry_loop, daemon=True, name="cocodet-mlflow-retry")
+                self._retry.start()
         return None
 
+    def _retry_loop(self) -> None:
+        delay = RETRY_FIRST_S
+        while not self._stop.wait(delay):
+            with self._sending:
+                emptied = self._drain()
+            if emptied and self._back():
+                return
+            delay = min(2 * delay, RETRY_CAP_S)
+
+    def _drain(self) -> bool:
+        """Send the queue's calls in order until one fails (holding ``_sending``); True when
+        it is empty."""
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return True
+                seq, method, args, kwargs = self._pending[0]
+            try:
+                self._send(method, args, kwargs)
+            except UploadTooSlow:
+                pass  # listed as unsent; the queue goes on
+            except Exception as e:  # noqa: BLE001 - still down: try again later
+                log.debug("MLflow: still failing (%s)", e)
+                return False
+            else:
+                self._sent.add(seq)
+                self.sent_late += 1
+            with self._lock:
+                self._pending.popleft()
+
+    def _back(self) -> bool:
+        """The queue is empty: the server is used directly again (True), unless a call was
+        queued meanwhile (False: drain again)."""
+        with self._lock:
+            if self._pending:
+                return False
+            down_for, self.failure, self._retry = time.monotonic() - self._down_at, None, None
+        log.warning("MLflow: %s answers again after %.0f s; %d calls sent late, in order", redact(self.tracking_uri),
+                    down_for, self.sent_late)
+        return True
+
     @contextmanager
-    def closing(self, within_s: float):
-        """The run's last calls: they retry nothing, and each request's timeout is cut to what
-        is left of ``within_s`` (at least 1 s), so that together they end within about
-        ``within_s`` + 1 s, inside a preemption's grace period (``docker stop`` gives 10 s)."""
+    def closing(self, within_s: float, uploads: bool = False):
+        """The run's last calls: they retry nothing on their own, and each request's timeout is
+        cut to what is left of ``within_s`` (at least 1 s), so that together they end within
+        about ``within_s`` + 1 s, inside a preemption's grace period (``docker stop`` gives 10
+        s). At the end, calls still queued from an outage (and these) are sent again until the
+        budget is spent; what is left stays in the unsent file. ``uploads``: the phase of the
+        artifact uploads, each bounded as a whole by what is left."""
         names = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
         previous = {name: os.environ.get(name) for name in names}
         self._timeout = int(previous["MLFLOW_HTTP_REQUEST_TIMEOUT"] or 120)  # MLflow's default
         self._deadline, self._budget = time.monotonic() + within_s, within_s
+        self._uploads_within = within_s if uploads else None
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
         try:
             yield
+            self._flush()
         finally:
-            self._deadline = None
+            self._deadline, self._uploads_within = None, None
             for name, value in previous.items():
                 if value is None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
 
-    def _stop(self, reason: str, method: str) -> None:
-        self.failure = redact(reason)
-        log.warning("MLflow: %s to %s failed (%s); training goes on without MLflow for the rest of this run, and what "
-                    "it would have sent is kept in %s", method, redact(self.tracking_uri), self.failure,
-                    self.unsent_path)
+    def _flush(self) -> None:
+        """Send the queue again until the closing budget is spent (every half second)."""
+        while self._pending and time.monotonic() < self._deadline:
+            if self._sending.acquire(timeout=max(0.0, self._deadline - time.monotonic())):
+                try:
+                    emptied = self._drain()
+                finally:
+                    self._sending.release()
+                if emptied:
+                    self._back()
+                    return
+            time.sleep(min(0.5, max(0.0, self._deadline - time.monotonic())))
 
-    def _keep(self, method: str, keep: dict | None) -> None:
-        record = {"call": method, "time": round(time.time(), 3), **(keep or {})}
+    def finish(self) -> None:
+        """The run is over: no more retries, and the unsent file holds exactly the calls not
+        sent (removed when every one was sent late)."""
+        self._stop.set()
+        if not self._records:
+            return
+        left = [r for r in self._records if r["seq"] not in self._sent]
         try:
-            self.unsent_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.unsent_path.open("a") as f:
-                f.write(redact(json.dumps(record, default=str)) + "\n")
-        except OSError as e:  # a full disk: the count still says something was lost
-            log.debug("MLflow: %s not written (%s)", self.unsent_path, e)
-        self.unsent += 1
+            if left:
+                tmp = self.unsent_path.with_name(self.unsent_path.name + ".tmp")
+                tmp.write_text("".join(redact(json.dumps(r, default=str)) + "\n" for r in left))
+                os.replace(tmp, self.unsent_path)
+            else:
+                self.unsent_path.unlink(missing_ok=True)
+        except OSError as e:
+            log.debug("MLflow: %s not rewritten (%s)", self.unsent_path, e)
 
     def summary(self) -> dict:
         return {"unsent": self.unsent, "unsent_file": str(self.unsent_path) if self.unsent else None,
-                "failure": self.failure}
+                "failure": self.failure, "outages": self.outages, "sent_late": self.sent_late}

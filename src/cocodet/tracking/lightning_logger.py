@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests
+from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests, redact
 from cocodet.tracking.run_record import end_tags
 from cocodet.tracking.store import artifact_root
 from cocodet.tracking.tracked_run import TrackedRun
@@ -29,15 +29,17 @@ class MlflowLogger(Logger):
     experiment_name, run_name (None: the run folder's name), log_model (the best checkpoint as an
     artifact), run_dir (where mlflow_unsent.jsonl goes), request_timeout_s and
     request_max_retries (each request's bound unless MLFLOW_HTTP_REQUEST_* are set), close_within_s
-    (the last calls' budget)."""
+    (the last calls' budget: tags, texts, the status), artifacts_within_s (the artifact uploads'
+    budget, after the status: a checkpoint is large)."""
 
     def __init__(self, tracking_uri: str, experiment_name: str = "cocodet", run_name: str | None = None,
                  log_model: bool = False, run_dir: str = ".", request_timeout_s: int = 5, request_max_retries: int = 1,
-                 close_within_s: float = 5.0):
+                 close_within_s: float = 5.0, artifacts_within_s: float = 60.0):
         super().__init__()
         bound_requests(request_timeout_s, request_max_retries)
         self.run_dir = Path(run_dir)
         self.log_model, self.close_within_s = bool(log_model), float(close_within_s)
+        self.artifacts_within_s = float(artifacts_within_s)
         self.run_name = run_name or self.run_dir.name
         guard = GuardedClient(tracking_uri, self.run_dir / UNSENT_NAME)
         self.tracked = TrackedRun(guard, experiment_name, artifact_root(tracking_uri))
@@ -83,22 +85,25 @@ class MlflowLogger(Logger):
 
     @rank_zero_only
     def close(self, summary: dict, artifacts: list[Path], plan_table: str) -> dict:
-        """End the run with the summary's status: tags, then artifacts, then the status, within
-        ``close_within_s``. Returns the ``mlflow`` block of the summary."""
+        """End the run with the summary's status: tags, texts and the status within
+        ``close_within_s`` (what a preemption's grace allows), then the artifact files within
+        ``artifacts_within_s``. Returns the ``mlflow`` block of the summary."""
         self._ensure_started()
         run = self.tracked
         with run.guard.closing(self.close_within_s):
             run.set_tags(end_tags(summary))
             if plan_table:
                 run.log_text(plan_table + "\n", "loader_plan.txt")
+            # summary.json as the run folder gets it, with the count of calls not sent so far
+            record = {**summary, "mlflow": run.summary()}
+            run.log_text(redact(json.dumps(record, default=str)) + "\n", "summary.json")
+            run.end(str(summary.get("status")))
+        with run.guard.closing(self.artifacts_within_s, uploads=True):
             for path in artifacts:
                 run.log_file(path)
             if self.log_model and self.best_path and Path(self.best_path).is_file():
                 run.log_file(self.best_path, "checkpoints")
-            # summary.json as the run folder gets it, with the count of calls not sent so far
-            record = {**summary, "mlflow": run.summary()}
-            run.log_text(json.dumps(record, default=str) + "\n", "summary.json")
-            run.end(str(summary.get("status")))
+        run.guard.finish()
         return run.summary()
 
     def finalize(self, status: str) -> None:

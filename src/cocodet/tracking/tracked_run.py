@@ -35,7 +35,8 @@ class TrackedRun:
         if parent_id:
             tags = {**tags, "mlflow.parentRunId": parent_id}
         run = self.guard.call("create_run", experiment_id, run_name=run_name, tags=tags,
-                              keep={"run_name": run_name, "tags": tags, "params": params})
+                              keep={"experiment": self.experiment_name, "run_name": run_name, "tags": tags,
+                                    "params": params})
         if run is None:
             return
         self.run_id = run.info.run_id
@@ -101,11 +102,12 @@ class TrackedRun:
                         keep={"run_id": self.run_id, "tags": tags})
 
     def log_text(self, text: str, name: str) -> None:
-        self.guard.call("log_text", self.run_id, text, name, keep={"run_id": self.run_id, "artifact": name})
+        self.guard.call("log_text", self.run_id, text, name, keep={"run_id": self.run_id, "artifact": name,
+                                                                    "text": text})
 
     def log_file(self, path: str | Path, folder: str | None = None) -> None:
         self.guard.call("log_artifact", self.run_id, str(path), folder,
-                        keep={"run_id": self.run_id, "artifact": str(path)})
+                        keep={"run_id": self.run_id, "artifact": str(Path(path).resolve()), "folder": folder})
 
     def end(self, status: str) -> None:
         """End the run as the summary ``status`` says (an unknown one, an error: FAILED)."""

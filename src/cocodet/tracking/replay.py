@@ -1,0 +1,111 @@
+"""Send a run's ``mlflow_unsent.jsonl`` to its MLflow run, once the server answers again.
+
+    python -m cocodet.tracking replay RUN_DIR [--tracking-uri URI]
+
+The file holds, in call order, every call a run could not send (``tracking/guard.py``): the
+run's creation with its parameters and tags when the server was down from the start, metrics
+by step, tags, texts, artifact files by path, and the status. Replaying is idempotent: a metric
+is sent only for the steps the run does not hold yet, a parameter only if the run lacks it,
+tags, texts and artifacts overwrite themselves, and a run created by a replay is noted in the
+file (``{"call": "replayed", "run_id": ...}``), so a second replay adds nothing. The server is
+``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else the one the run's ``summary.json``
+names; credentials come from the environment, as for a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from cocodet.errors import UserError
+from cocodet.tracking.guard import UNSENT_NAME, redact
+
+
+def replay(run_dir: str | Path, tracking_uri: str | None = None) -> dict:
+    """Replay ``run_dir``'s unsent calls; what was sent, as a dict (one line of JSON on stdout)."""
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    run_dir = Path(run_dir)
+    path = run_dir / UNSENT_NAME
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: this run sent every call (or it did not use logger=mlflow)")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or _uri_of(run_dir)
+    client = MlflowClient(tracking_uri=uri)
+    run_id = next((r["run_id"] for r in records if r.get("run_id")), None)
+    sent = {"run_id": run_id, "tracking_uri": redact(uri), "created": False, "params": 0, "metrics": 0, "tags": 0,
+            "texts": 0, "artifacts": 0, "missing_files": [], "status": None}
+    if run_id is None:
+        run_id = _create(client, records)
+        sent.update(run_id=run_id, created=True)
+        with path.open("a") as f:  # a second replay goes to this run
+            f.write(json.dumps({"seq": len(records), "call": "replayed", "run_id": run_id,
+                                "time": round(time.time(), 3)}) + "\n")
+    run = client.get_run(run_id)
+    params, steps = dict(run.data.params), {}
+
+    def held_steps(key: str) -> set[int]:
+        if key not in steps:
+            steps[key] = {m.step for m in client.get_metric_history(run_id, key)}
+        return steps[key]
+
+    now = int(time.time() * 1000)
+    for r in records:
+        call = r["call"]
+        fresh_params = {k: v for k, v in (r.get("params") or {}).items() if k not in params}
+        if fresh_params:
+            client.log_batch(run_id, params=[Param(k, str(v)) for k, v in fresh_params.items()])
+            params.update(fresh_params)
+            sent["params"] += len(fresh_params)
+        if call == "log_batch" and "metrics" in r:
+            step = int(r["step"])
+            fresh = {k: float(v) for k, v in r["metrics"].items() if step not in held_steps(k)}
+            if fresh:
+                stamp = int(r.get("time", now / 1000) * 1000)
+                client.log_batch(run_id, metrics=[Metric(k, v, stamp, step) for k, v in fresh.items()])
+                for k in fresh:
+                    held_steps(k).add(step)
+                sent["metrics"] += len(fresh)
+        elif call == "log_batch" and "tags" in r:
+            client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in r["tags"].items()])
+            sent["tags"] += len(r["tags"])
+        elif call == "log_text" and "text" in r:
+            client.log_text(run_id, r["text"], r["artifact"])
+            sent["texts"] += 1
+        elif call == "log_artifact":
+            if Path(r["artifact"]).is_file():
+                client.log_artifact(run_id, r["artifact"], r.get("folder"))
+                sent["artifacts"] += 1
+            else:
+                sent["missing_files"].append(r["artifact"])
+        elif call == "set_terminated":
+            sent["status"] = r["status"]
+    if sent["status"]:  # last: the run ends as it ended, once everything else is there
+        client.set_terminated(run_id, sent["status"])
+    return sent
+
+
+def _uri_of(run_dir: Path) -> str:
+    try:
+        uri = json.loads((run_dir / "summary.json").read_text())["mlflow"]["tracking_uri"]
+    except (OSError, ValueError, KeyError, TypeError):
+        uri = None
+    if not uri or "***" in uri:  # redacted: the user must say where, with the credentials in the environment
+        raise UserError(f"which MLflow server: {run_dir / 'summary.json'} does not name one that can be used; pass "
+                        "--tracking-uri URI or set MLFLOW_TRACKING_URI")
+    return uri
+
+
+def _create(client, records: list[dict]) -> str:
+    """The run the server never saw: its experiment (created if missing), name and tags."""
+    create = next((r for r in records if r["call"] == "create_run"), None)
+    if create is None:
+        raise UserError("the unsent calls name no run and hold no run creation: nothing to replay them into")
+    name = create.get("experiment") or "cocodet"
+    experiment = client.get_experiment_by_name(name)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+    run = client.create_run(experiment_id, run_name=create.get("run_name"), tags=create.get("tags") or {})
+    return run.info.run_id
