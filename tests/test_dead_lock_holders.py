@@ -13,6 +13,7 @@ deadline. A scan of the source keeps any new lock-carrying multiprocessing primi
 from __future__ import annotations
 
 import ast
+import gc
 import os
 import signal
 import threading
@@ -207,3 +208,48 @@ def test_the_scan_finds_what_it_is_for(tmp_path, monkeypatch):
     monkeypatch.setattr(scan, "REPO", fake)
     assert [(fn, name) for _, fn, name in scan.lock_carrying_primitives()] == [
         ("a", "Value"), ("c", "Lock"), ("d", "Event")]
+
+
+class KilledWhileCounting(tuple):
+    """The counters' names, whose lookup inside ``count``'s section kills the first loader
+    worker that makes it (SIGKILL, as the OOM killer would): once, marked by a file."""
+
+    parent, mark = 0, ""
+
+    def index(self, name, *args):
+        if os.getpid() != KilledWhileCounting.parent and not os.path.exists(KilledWhileCounting.mark):
+            open(KilledWhileCounting.mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return tuple.index(self, name, *args)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_bucket_bench_whose_worker_dies_inside_the_counters_lock_ends_named(coco_tiny, tmp_path, monkeypatch):
+    """mode=bench on an s3:// root (moto_server holding coco_tiny), run in this process so that
+    its forked workers inherit the hook: the first worker to count is SIGKILLed inside the
+    counters' section. The bench ends within seconds in one named error (the worker, its signal,
+    what to try), and the main process's store counters still answer (before issue 70 the other
+    workers' next count and the parent's counts() waited forever on the dead worker's
+    semaphore: a hang until loader.timeout, then a shutdown that never returned)."""
+    from conftest import run_in_process
+    from moto_store import filled_store
+    from cocodet.loader.diagnose import LoaderFailure
+    from cocodet.storage import session
+
+    KilledWhileCounting.parent, KilledWhileCounting.mark = os.getpid(), str(tmp_path / "killed")
+    monkeypatch.setattr(session, "COUNTS", KilledWhileCounting(session.COUNTS))
+    started = time.monotonic()
+    with filled_store(coco_tiny, "dead-holder") as (endpoint, _):
+        with pytest.raises(LoaderFailure, match=r"worker \d+ ended by SIGKILL") as failed:
+            run_in_process(["mode=bench", "dataset=coco", "dataset.root=s3://dead-holder",
+                            f"dataset.storage_options.endpoint_url={endpoint}", "dataset.image_size=128",
+                            "loader=explicit", "loader.num_workers=2", "loader.batch_size=4", "bench.batches=12",
+                            "bench.warmup=0", "bench.decode_probe=0"], tmp_path / "bench")
+        # The error's frames hold the loader's iterator: let it go here, not in a later garbage
+        # collection that torch's iterator finaliser (its workers already ended) would disturb.
+        del failed
+        gc.collect()
+        assert os.path.exists(KilledWhileCounting.mark)  # a worker did die in there
+        assert time.monotonic() - started < 120
+        assert returns_in_time(session.counts)["gets"] > 0  # what remote_summary() reads
