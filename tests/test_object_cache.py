@@ -366,3 +366,42 @@ def test_a_full_copies_disk_serves_the_bytes_and_names_the_disk(bucket, tmp_path
     [warning] = [line for line in out["log"] if "read-ahead copies" in line]
     assert f"on the disk of {folder}" in warning and "No space left on device" in warning and "free of" in warning
     assert "/dev/shm" not in "\n".join(out["log"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_bucket_bench_whose_copies_disk_fills_mid_run_reads_every_image(coco_tiny, tmp_path):
+    """mode=bench on an s3:// root with the read-ahead's copies on a 4 MiB tmpfs (a private
+    mount namespace) that another process fills once the read-ahead has started: the bench
+    reads the local root's batches exactly (its batch digest), skips no image, the budget held
+    ends equal to the copies on disk, one warning names the copies' disk, none blames /dev/shm."""
+    from conftest import run_in_process
+    from moto_store import filled_store
+
+    args = ["mode=bench", "dataset=coco", "dataset.image_size=128", "loader=explicit", "loader.num_workers=2",
+            "loader.batch_size=4", "bench.batches=15", "bench.warmup=0", "bench.digest_batches=15",
+            "bench.decode_probe=0"]
+    local = run_in_process([*args, f"dataset.root={coco_tiny}"], tmp_path / "local")
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    with filled_store(coco_tiny, "full-disk") as (endpoint, _):
+        bench = [sys.executable, str(REPO / "train.py"), *args, "dataset.root=s3://full-disk",
+                 f"dataset.storage_options.endpoint_url={endpoint}", f"dataset.remote.cache_dir={copies}",
+                 f"hydra.run.dir={tmp_path / 'run'}"]
+        # The filler waits for the read-ahead's folder, then takes every byte left.
+        fill = (f"while [ -z \"$(find {copies} -mindepth 2 -type f 2>/dev/null | head -1)\" ]; do sleep 0.05; done; "
+                f"cat /dev/zero > {copies}/filler 2>/dev/null")
+        script = f"mount -t tmpfs -o size=4m tmpfs {copies} && ( {fill} ) & sleep 0.5; {' '.join(bench)}"
+        proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], cwd=REPO,
+                              capture_output=True, text=True, timeout=600, env=os.environ)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    s = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert s["batch_digest"] == local["batch_digest"] and s["examples"] == local["examples"]
+    assert all(v.get("skipped", 0) == 0 for v in s["bad_samples"].values() if isinstance(v, dict)), s["bad_samples"]
+    read_ahead = s["remote"]["read_ahead"]
+    assert read_ahead["held_bytes"] == read_ahead["copies_bytes"] and not read_ahead["copies_writable"], read_ahead
+    complaints = [line for line in log.splitlines() if "[WARNING]" in line or "[ERROR]" in line or "error" in line]
+    [disk] = [line for line in complaints if "read-ahead copies: writing" in line]
+    assert "No space left on device" in disk and f"on the disk of {copies}" in disk, disk
+    assert not [line for line in complaints if "/dev/shm" in line or "shm" in line.lower()], complaints

@@ -260,7 +260,15 @@ class Prefetcher:
             self._evict(k)
 
     def summary(self) -> dict:
-        return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_bytes, "concurrency": self.concurrency,
+        """The read-ahead's record; ``held_bytes`` (the budget counted now) equals
+        ``copies_bytes`` (the copies on disk) unless a reservation was lost."""
+        try:
+            copies = sum(p.stat().st_size for p in self.cache.folder.iterdir()
+                         if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".part"))
+        except OSError:
+            copies = None
+        return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_bytes, "held_bytes": self.cache.held_bytes(),
+                "copies_bytes": copies, "copies_writable": self.cache.writable(), "concurrency": self.concurrency,
                 "lead_samples": self.lead, "failed_objects": len(self.failed),
                 "working_set_objects": self.working_set[0], "working_set_bytes": self.working_set[1]}
 
