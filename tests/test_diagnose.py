@@ -20,6 +20,12 @@ from cocodet.loader.diagnose import classify
     ("RuntimeError: DataLoader worker (pid 12) is killed by signal: Segmentation fault.", "segfault"),
     ("RuntimeError: DataLoader worker (pid(s) 12) exited unexpectedly", "worker"),
     ("ValueError: Caught BadSampleError in DataLoader worker process 0.", None),
+    # a full disk that names a file outside shared memory is that disk's (issue 70), torch's own shm files are shm
+    ("OSError: Caught OSError in DataLoader worker process 1. [Errno 28] No space left on device: "
+     "'/data/cache/objects/local-rank-0/train-0/ab12.part'", "disk"),
+    ("OSError: [Errno 122] Disk quota exceeded: '/home/me/.cache/cocodet/pixels/x.npy'", "disk"),
+    ("RuntimeError: unable to write to file </torch_77_1_2>: No space left on device (28)", "shm"),
+    ("OSError: [Errno 28] No space left on device: '/dev/shm/torch_12_3'", "shm"),
 ])
 def test_classify_by_words_and_mapping_size(message, kind):
     assert classify(message) == kind
@@ -34,3 +40,16 @@ def test_segfault_diagnosis_suggests_zero_then_one_worker():
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     text = explain(RuntimeError("DataLoader worker (pid 12) is killed by signal: Segmentation fault."), plan)
     assert "loader.num_workers=0" in text and "1 worker" in text and "fork-safe" in text
+
+
+def test_a_full_disk_elsewhere_is_named_with_its_free_space_not_blamed_on_shm(tmp_path):
+    from cocodet.loader.diagnose import explain
+    from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
+    from cocodet.loader.policy import plan_loader
+    from cocodet.loader.resources import probe
+
+    plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
+    part = tmp_path / "copies" / "ab12.part"
+    text = explain(OSError(28, "No space left on device", str(part)), plan)
+    assert f"the disk holding {part} is full" in text and f"free of" in text and f"at {tmp_path}" in text, text
+    assert "/dev/shm ran out" not in text and "--shm-size" not in text

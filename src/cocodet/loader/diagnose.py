@@ -44,15 +44,31 @@ _MMAP_SIZE = re.compile(r"unable to mmap (\d+) bytes")
 LARGE_MAPPING = 64 << 10
 
 
+# A full disk that names its file ("[Errno 28] No space left on device: '/data/x'"): that
+# file's disk, not /dev/shm, unless the file is one of torch's shared-memory files.
+_FULL_DISK_PATH = re.compile(r"(?:No space left on device|Disk quota exceeded)[^'\n]*'(/[^'\n]+)'", re.I)
+
+
+def full_disk_path(message: str) -> str | None:
+    """The file a full-disk error names, when it is not in shared memory (None otherwise)."""
+    found = _FULL_DISK_PATH.search(message)
+    if found is None or found.group(1).startswith("/dev/shm") or "/torch_" in found.group(1):
+        return None
+    return found.group(1)
+
+
 def classify(message: str) -> str | None:
-    """'hang' (loader.timeout passed), 'shm', 'segments', 'memory', 'worker' (died, cause
-    unknown), 'segfault' or None (not a loader failure)."""
+    """'hang' (loader.timeout passed), 'shm', 'disk' (a full disk other than /dev/shm, named),
+    'segments', 'memory', 'worker' (died, cause unknown), 'segfault' or None (not a loader
+    failure)."""
     text = message.lower()
     if "dataloader timed out after" in text:
         return "hang"
     mapping = _MMAP_SIZE.search(text)
     if mapping:
         return "shm" if int(mapping.group(1)) >= LARGE_MAPPING else "segments"
+    if full_disk_path(message):
+        return "disk"
     for kind, needles in (("shm", _SHM_BYTES), ("segments", _SEGMENTS)):
         if any(n in text for n in needles):
             return kind
@@ -148,6 +164,11 @@ def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") 
                 f"{_fmt(res.shm_free_bytes)} free now; the plan kept {_fmt(plan.inflight_bytes)} in flight "
                 f"(budget {_fmt(plan.shm_budget_bytes)}). Fix: run the container with --shm-size=2g (or --ipc=host), "
                 f"use loader=auto (sizes workers to the free shm), or lower loader.prefetch_factor / loader.batch_size.")
+    elif kind == "disk":
+        path = full_disk_path(message)
+        body = (f"Likely cause: the disk holding {path} is full ({_disk_space(path)}); not /dev/shm, which has "
+                f"{_fmt(res.shm_free_bytes)} free. Fix: free space on that disk, or point what writes there (the "
+                f"cache_dir of dataset or dataset.remote, the checkpoint dirpath) at a larger one.")
     elif kind == "segments":
         body = (f"Likely cause: shared-memory segments — file descriptors or memory maps (a small 'unable to mmap' "
                 f"means the map count ran out). RLIMIT_NOFILE soft is "
@@ -182,6 +203,21 @@ def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") 
                 f"RLIMIT_NOFILE {res.nofile_soft}, memory available {_fmt(res.memory_available_bytes)}.")
     hint = "Reproduce in one process, with the full traceback, with loader=explicit loader.num_workers=0."
     return f"{head}\n{body}\n{hint}\nOriginal error: {message.splitlines()[0] if message else ''}"
+
+
+def _disk_space(path: str) -> str:
+    """"X free of Y" on the disk of ``path`` (its nearest existing folder)."""
+    import shutil
+    from pathlib import Path
+
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return "its free space unknown"
+    return f"{_fmt(usage.free)} free of {_fmt(usage.total)} at {folder}"
 
 
 @contextlib.contextmanager
