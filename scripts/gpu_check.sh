@@ -121,7 +121,9 @@ else
 fi
 common=("trainer=$trainer" "$@")
 recipe_limit=()
-[ "$rehearse" = cpu ] && recipe_limit=(trainer.limit_train_batches=3 trainer.limit_val_batches=1)
+fp16_small=()  # fp16 on a CPU has no fast kernels: the rehearsal's fp16 part runs the 64 px, 64-channel model
+[ "$rehearse" = cpu ] && recipe_limit=(trainer.limit_train_batches=3 trainer.limit_val_batches=1) &&
+    fp16_small=(dataset.image_size=64 model.detector.fpn_channels=64 trainer.limit_val_batches=1)
 tiny=(dataset.image_size=256 loader.batch_size=8 trainer.limit_train_batches=5 trainer.limit_val_batches=2)
 bench=(loader.batch_size=16 bench.consumer=model "bench.batches=${GPU_CHECK_BATCHES:-30}" bench.warmup=5)
 ckpt=$out/train/checkpoints/last.ckpt
@@ -146,7 +148,7 @@ check_train() {
         field train '(s["precision"], "steps", s["steps"], "first batch pinned", s["first_batch_pinned"], "h2d ms", s["loader_wait"].get("h2d_mean_ms"))'
 }
 check_fp16() {  # a real fp16 overflow at step 2: the GradScaler skips it and backs off, and the step leaves no trace (design §12)
-    train fp16 "${common[@]}" "${tiny[@]}" trainer.max_epochs=1 "trainer.precision=$fp16" \
+    train fp16 "${common[@]}" "${tiny[@]}" "${fp16_small[@]}" trainer.max_epochs=1 "trainer.precision=$fp16" \
         +callbacks.overflow._target_=signal_at_step.OverflowAt +callbacks.overflow.step=2 \
         +callbacks.probe._target_=signal_at_step.StateAcrossSteps "+callbacks.probe.path=$out/fp16/state" \
         "+callbacks.probe.steps=[2]" >/dev/null &&
@@ -190,7 +192,7 @@ export python out ckpt dev pinned precision ddp backend fp16
 export -f py train field check check_plan check_ratio check_train check_fp16 check_eval check_predict check_export check_recipe check_ddp
 run_part() { local name=$1 limit=$2 fn=$3; shift 3; part "$name" "$limit" bash -c "$fn"' "$@"' _ "$@"; }
 # Arrays do not cross `bash -c`: each function reads them from its own definition below.
-export_arrays="common=($(printf '%q ' "${common[@]}")); tiny=($(printf '%q ' "${tiny[@]}")); bench=($(printf '%q ' "${bench[@]}")); images=($(printf '%q ' "${images[@]}")); recipe_limit=($(printf '%q ' "${recipe_limit[@]}"))"
+export_arrays="common=($(printf '%q ' "${common[@]}")); tiny=($(printf '%q ' "${tiny[@]}")); bench=($(printf '%q ' "${bench[@]}")); images=($(printf '%q ' "${images[@]}")); recipe_limit=($(printf '%q ' "${recipe_limit[@]}")); fp16_small=($(printf '%q ' "${fp16_small[@]}"))"
 run_part plan 90 "$export_arrays; check_plan"
 run_part loader_vs_preloaded 240 "$export_arrays; check_ratio"
 run_part train_bf16 240 "$export_arrays; check_train"

@@ -102,3 +102,14 @@ def test_worker_rss_reported_per_epoch(tmp_path, synthetic_root, persistent):
     assert s["persistent_workers"] is persistent
     assert len(s["epochs"]) == 3 and all(e["worker_rss_mb"] for e in s["epochs"])
     assert "worker_rss_growth" in s and np.isfinite(s["worker_rss_growth"])
+
+
+def test_preloaded_batches_bound_the_loader_fed_rate(tmp_path, synthetic_root):
+    """bench.preload=true (the upper bound scripts/gpu_check.sh sets the loader against): the
+    batches are read first, then the consumer alone is timed; it crashed on its first epoch
+    ('list' object has no attribute 'set_epoch') until the GPU check's CPU rehearsal ran it."""
+    common = [*synthetic_overrides(synthetic_root), "mode=bench", "dataset.image_size=64", "loader.batch_size=8",
+              "bench.consumer=model", "model.detector.fpn_channels=64", "bench.batches=3", "bench.warmup=1",
+              "bench.decode_probe=0"]
+    s = run_in_process([*common, "bench.preload=true"], tmp_path / "preloaded")
+    assert s["preloaded"] is True and s["batches"] == 4 and s["examples_per_s"] > 0, s

@@ -213,9 +213,16 @@ def model_step(module, device: torch.device, precision: str) -> Callable:
     return step
 
 
-def _preloaded(loader, device: torch.device, count: int) -> list:
+class PreloadedBatches(list):
+    """Batches already on the device, measured as a loader is (its epochs are the same list)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+
+def _preloaded(loader, device: torch.device, count: int) -> PreloadedBatches:
     """``count`` batches from ``loader`` (cycling its epochs), already on ``device``."""
-    batches, epoch = [], 0
+    batches, epoch = PreloadedBatches(), 0
     while len(batches) < count:
         loader.set_epoch(epoch)
         for batch in loader:
