@@ -25,7 +25,6 @@ from cocodet.tracking.guard import UNSENT_NAME, redact
 
 def replay(run_dir: str | Path, tracking_uri: str | None = None) -> dict:
     """Replay ``run_dir``'s unsent calls; what was sent, as a dict (one line of JSON on stdout)."""
-    from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     run_dir = Path(run_dir)
@@ -44,48 +43,66 @@ def replay(run_dir: str | Path, tracking_uri: str | None = None) -> dict:
         with path.open("a") as f:  # a second replay goes to this run
             f.write(json.dumps({"seq": len(records), "call": "replayed", "run_id": run_id,
                                 "time": round(time.time(), 3)}) + "\n")
-    run = client.get_run(run_id)
-    params, steps = dict(run.data.params), {}
-
-    def held_steps(key: str) -> set[int]:
-        if key not in steps:
-            steps[key] = {m.step for m in client.get_metric_history(run_id, key)}
-        return steps[key]
-
-    now = int(time.time() * 1000)
-    for r in records:
-        call = r["call"]
-        fresh_params = {k: v for k, v in (r.get("params") or {}).items() if k not in params}
-        if fresh_params:
-            client.log_batch(run_id, params=[Param(k, str(v)) for k, v in fresh_params.items()])
-            params.update(fresh_params)
-            sent["params"] += len(fresh_params)
-        if call == "log_batch" and "metrics" in r:
-            step = int(r["step"])
-            fresh = {k: float(v) for k, v in r["metrics"].items() if step not in held_steps(k)}
-            if fresh:
-                stamp = int(r.get("time", now / 1000) * 1000)
-                client.log_batch(run_id, metrics=[Metric(k, v, stamp, step) for k, v in fresh.items()])
-                for k in fresh:
-                    held_steps(k).add(step)
-                sent["metrics"] += len(fresh)
-        elif call == "log_batch" and "tags" in r:
-            client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in r["tags"].items()])
-            sent["tags"] += len(r["tags"])
-        elif call == "log_text" and "text" in r:
-            client.log_text(run_id, r["text"], r["artifact"])
-            sent["texts"] += 1
-        elif call == "log_artifact":
-            if Path(r["artifact"]).is_file():
-                client.log_artifact(run_id, r["artifact"], r.get("folder"))
-                sent["artifacts"] += 1
-            else:
-                sent["missing_files"].append(r["artifact"])
-        elif call == "set_terminated":
-            sent["status"] = r["status"]
+    _Sender(client, run_id, sent).send(records)
     if sent["status"]:  # last: the run ends as it ended, once everything else is there
         client.set_terminated(run_id, sent["status"])
     return sent
+
+
+class _Sender:
+    """Sends records to one run, skipping what the run already holds; counts into ``sent``."""
+
+    def __init__(self, client, run_id: str, sent: dict):
+        self.client, self.run_id, self.sent = client, run_id, sent
+        self.params = dict(client.get_run(run_id).data.params)
+        self.steps: dict[str, set[int]] = {}  # metric -> the steps the run holds
+
+    def held_steps(self, key: str) -> set[int]:
+        if key not in self.steps:
+            self.steps[key] = {m.step for m in self.client.get_metric_history(self.run_id, key)}
+        return self.steps[key]
+
+    def send(self, records: list[dict]) -> None:
+        from mlflow.entities import Param, RunTag
+
+        for r in records:
+            call = r["call"]
+            fresh_params = {k: v for k, v in (r.get("params") or {}).items() if k not in self.params}
+            if fresh_params:
+                self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in fresh_params.items()])
+                self.params.update(fresh_params)
+                self.sent["params"] += len(fresh_params)
+            if call == "log_batch" and "metrics" in r:
+                self.metrics(r)
+            elif call == "log_batch" and "tags" in r:
+                self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in r["tags"].items()])
+                self.sent["tags"] += len(r["tags"])
+            elif call == "log_text" and "text" in r:
+                self.client.log_text(self.run_id, r["text"], r["artifact"])
+                self.sent["texts"] += 1
+            elif call == "log_artifact":
+                self.artifact(r)
+            elif call == "set_terminated":
+                self.sent["status"] = r["status"]
+
+    def metrics(self, r: dict) -> None:
+        from mlflow.entities import Metric
+
+        step = int(r["step"])
+        fresh = {k: float(v) for k, v in r["metrics"].items() if step not in self.held_steps(k)}
+        if fresh:
+            stamp = int(r.get("time", time.time()) * 1000)
+            self.client.log_batch(self.run_id, metrics=[Metric(k, v, stamp, step) for k, v in fresh.items()])
+            for k in fresh:
+                self.held_steps(k).add(step)
+            self.sent["metrics"] += len(fresh)
+
+    def artifact(self, r: dict) -> None:
+        if Path(r["artifact"]).is_file():
+            self.client.log_artifact(self.run_id, r["artifact"], r.get("folder"))
+            self.sent["artifacts"] += 1
+        else:
+            self.sent["missing_files"].append(r["artifact"])
 
 
 def _uri_of(run_dir: Path) -> str:
