@@ -262,13 +262,16 @@ class StateAcrossSteps(L.Callback):
 
 
 class PauseAtStep(L.Callback):
-    """Sleep ``seconds`` after optimizer step ``step`` (a run made to outlast an outage)."""
+    """After optimizer step ``step``, wait until the file ``until`` exists (at most ``seconds``):
+    a run made to outlast an outage that the test ends by creating the file."""
 
-    def __init__(self, step: int, seconds: float):
-        self.step, self.seconds = step, seconds
+    def __init__(self, step: int, seconds: float, until: str | None = None):
+        self.step, self.seconds, self.until = step, seconds, until
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step:
             import time
 
-            time.sleep(self.seconds)
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline and not (self.until and os.path.exists(self.until)):
+                time.sleep(0.1)

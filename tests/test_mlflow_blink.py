@@ -127,15 +127,15 @@ def test_a_run_the_server_never_saw_is_created_by_the_replay_once(tmp_path):
 
 def test_a_training_run_whose_server_restarts_ends_finished_with_every_step(server, synthetic_root, tmp_path):
     """End to end: train.py with logger=mlflow; the server is SIGKILLed after step 2 and started
-    again on the same store 10 s later, while the run pauses at step 4 (a test callback) so
-    that it outlasts the outage. The run ends FINISHED with a metric at every logged step."""
+    again on the same store 10 s later, while the run pauses at step 4 (a test callback) until
+    the server answers again, so that it outlasts the outage. The run ends FINISHED with a metric at every logged step."""
     run_dir = tmp_path / "run"
     args = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=8",
             "model.detector.fpn_channels=64", "trainer.enable_progress_bar=false", "trainer.max_epochs=1",
             "trainer.log_every_n_steps=1", "model.eval_max_images=8", "callbacks.prediction_grid.images=2",
             "logger=mlflow", "+callbacks.kill_at._target_=signal_at_step.KillGroupAtStep", "+callbacks.kill_at.step=2",
             f"+callbacks.kill_at.pgid={server.proc.pid}", "+callbacks.pause._target_=signal_at_step.PauseAtStep",
-            "+callbacks.pause.step=4", "+callbacks.pause.seconds=25"]
+            "+callbacks.pause.step=4", "+callbacks.pause.seconds=300", f"+callbacks.pause.until={tmp_path / 'back'}"]
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "PYTHONPATH": str(REPO / "tests")}
     cmd = [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -143,6 +143,7 @@ def test_a_training_run_whose_server_restarts_ends_finished_with_every_step(serv
     server.proc = None
     time.sleep(10)
     server.start()
+    (tmp_path / "back").touch()  # the run goes on from its pause once the server answers again
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-3000:]
     summary = json.loads(stdout.strip().splitlines()[-1])

@@ -166,3 +166,16 @@ def test_runs_started_together_on_a_fresh_sqlite_store_all_reach_it(tmp_path):
     answers = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert not [a for a in answers if not a or a.startswith("FAILED")], answers
     assert len(set(answers)) == 4
+
+
+def test_a_guarded_client_travels_to_a_sweeps_jobs(tmp_path):
+    """Hydra's joblib and submitit launchers pickle their callbacks, the sweep parent's client
+    among them: its threads, locks and queue stay behind, a copy starts with its own."""
+    import pickle
+
+    from cocodet.tracking.guard import GuardedClient
+
+    guard = GuardedClient(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "unsent.jsonl")
+    copy = pickle.loads(pickle.dumps(guard))
+    assert copy.tracking_uri == guard.tracking_uri and copy.alive and copy.unsent == 0
+    assert copy._lock is not guard._lock

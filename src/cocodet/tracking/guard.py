@@ -70,6 +70,19 @@ class GuardedClient:
         self._retry: threading.Thread | None = None
         self._down_at = 0.0
 
+    def __getstate__(self) -> dict:
+        # A sweep's launcher pickles its Hydra callbacks (the parent run's client among them):
+        # the threads, locks and queue of this process stay here; a copy starts without them.
+        state = dict(self.__dict__)
+        for name in ("_lock", "_sending", "_stop", "_retry", "_pending"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock, self._sending, self._stop = threading.Lock(), threading.Lock(), threading.Event()
+        self._retry, self._pending = None, deque()
+
     @property
     def client(self):
         if self._client is None:
@@ -223,7 +236,8 @@ class GuardedClient:
         about ``within_s`` + 1 s, inside a preemption's grace period (``docker stop`` gives 10
         s). At the end, calls still queued from an outage (and these) are sent again until the
         budget is spent; what is left stays in the unsent file. ``uploads``: the phase of the
-        artifact uploads, each bounded as a whole by what is left."""
+        artifact uploads, each bounded as a whole by what is left, and not tried again when
+        the server is down (they are listed as unsent at once)."""
         names = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
         previous = {name: os.environ.get(name) for name in names}
         self._timeout = int(previous["MLFLOW_HTTP_REQUEST_TIMEOUT"] or 120)  # MLflow's default
@@ -232,7 +246,8 @@ class GuardedClient:
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
         try:
             yield
-            self._flush()
+            if not uploads:  # uploads are not retried: a server down now would spend the whole budget
+                self._flush()
         finally:
             self._deadline, self._uploads_within = None, None
             for name, value in previous.items():
