@@ -71,3 +71,10 @@ def test_cli_unknown_model_and_dataset_fail_with_choices(tmp_path):
     assert "fasterrcnn_mobilenet_v3_large_fpn" in proc.stderr
     proc, _ = run_train(["dataset=nope"], tmp_path / "b", check=False)
     assert proc.returncode != 0 and "synthetic" in proc.stderr and "coco" in proc.stderr
+
+
+def test_every_mode_has_its_function():
+    from cocodet.modes import MODE_TABLE
+    from cocodet.schema import MODES
+
+    assert tuple(MODE_TABLE) == MODES

@@ -81,13 +81,15 @@ def cocodet_side(experiment: str, root: Path, run_dir: Path):
     from cocodet.loader.flat_batch import flatten, restore
     from cocodet.models.fit import seed_model_init
     from cocodet.modes.wiring import build_datamodule, build_module, build_plan
+    from cocodet.run_spec.read import read_spec
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides(experiment, root), f"output_dir={run_dir}"])
-    plan, _ = build_plan(cfg)
-    dm = build_datamodule(cfg, plan, run_dir)
+    spec = read_spec(cfg)
+    plan, _ = build_plan(spec)
+    dm = build_datamodule(spec, plan)
     seed_model_init(0)
-    module = build_module(cfg, dm)
+    module = build_module(spec, dm)
     samples = dm.train_set.__getitems__([(0, i) for i in range(len(dm.train_set))])
     images, targets = restore(flatten(samples))
     return module.model, images, [dict(t) for t in targets], dm.train_index.category_ids.tolist()

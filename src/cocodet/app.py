@@ -1,7 +1,8 @@
-"""run(cfg): validate, probe the host, plan the loader, then the mode's own function.
+"""run(cfg): read the run specification, probe the host, plan the loader, then the mode's own function.
 
-Wiring only. Modes dispatch through ``cocodet.modes.MODE_TABLE`` (one function per mode, in
-the module of its concern), imported when the mode runs.
+Wiring only. The config tree is read once, here, into a ``RunSpec`` (``cocodet/run_spec``); modes
+dispatch through ``cocodet.modes.MODE_TABLE`` (one function per mode, in the module of its
+concern), imported when the mode runs, and take the spec.
 """
 
 from __future__ import annotations
@@ -12,41 +13,33 @@ import logging
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from cocodet.config import validate
 from cocodet.errors import RunStopped
 from cocodet.loader.resources import raise_nofile_limit
 from cocodet.modes import MODE_TABLE
-from cocodet.modes.wiring import build_plan, run_ranks
+from cocodet.modes.wiring import build_plan
+from cocodet.run_spec.read import read_spec
+from cocodet.storage import store as storage
 
 
 def run(cfg: DictConfig) -> dict:
-    validate(cfg)
-    configure_storage(cfg)
-    run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = read_spec(cfg)
+    # How a URL dataset root (and predict.source) is opened, for every mode (storage/store.py)
+    storage.configure(spec.dataset.get("storage_options"), rank=spec.ranks.global_rank,
+                      **(spec.dataset.get("remote") or {}))
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
     raise_nofile_limit()
-    plan, resources = build_plan(cfg)
+    plan, resources = build_plan(spec)
     try:
-        summary = mode_function(str(cfg.mode))(cfg, plan, resources, run_dir)
+        summary = mode_function(spec.mode)(spec, plan, resources)
     except RunStopped as e:  # a full disk, a diverged run: the summary as far as it got, then one error line (cli)
-        if e.summary is not None and run_ranks(cfg).global_rank == 0:
-            write_summary(run_dir, e.summary)
+        if e.summary is not None and spec.ranks.global_rank == 0:
+            write_summary(spec.run_dir, e.summary)
         raise
-    if run_ranks(cfg).global_rank == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
-        write_summary(run_dir, summary)
+    if spec.ranks.global_rank == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
+        write_summary(spec.run_dir, summary)
     return summary
-
-
-def configure_storage(cfg: DictConfig) -> None:
-    """How a URL dataset root (and predict.source) is opened, for every mode (storage/store.py)."""
-    from cocodet.storage import store as storage
-
-    dataset = cfg.get("dataset") or {}
-    options = OmegaConf.to_container(dataset.get("storage_options") or {}, resolve=True)
-    rank = run_ranks(cfg).global_rank if cfg.get("trainer") is not None else 0
-    storage.configure(options, rank=rank, **OmegaConf.to_container(dataset.get("remote") or {}, resolve=True))
 
 
 def mode_function(mode: str):

@@ -12,8 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cocodet.credentials import ADVICE, credential_keys
 from cocodet.errors import ConfigError, UserError  # noqa: F401  (UserError: what cli catches)
-from cocodet.modes import MODES
-from cocodet.schema import DATASET_KEYS, RULES, show
+from cocodet.schema import DATASET_KEYS, MODES, RULES, show
 
 
 def validate(cfg: DictConfig) -> None:

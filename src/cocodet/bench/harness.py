@@ -7,7 +7,6 @@ import threading
 import time
 from typing import Callable, Iterable
 
-import numpy as np
 import psutil
 import torch
 

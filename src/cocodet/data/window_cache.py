@@ -34,20 +34,14 @@ import tempfile
 
 import numpy as np
 
+from cocodet.loader.window_plan import SLOT_HEADER as HEADER, slot_pixels
 from cocodet.storage.claims import SlotClaims
 
-HEADER = np.dtype([("gen", "<i8"), ("index", "<i8"), ("size", "<i8"), ("h", "<i8"), ("w", "<i8"),
-                   ("orig_h", "<i8"), ("orig_w", "<i8"), ("scale", "<f8")])  # 64 bytes a slot
 PAGE = mmap.PAGESIZE
 
 
-def slot_bytes(side: int) -> int:
-    """One slot's pixel area for images whose long side is ``side``."""
-    return side * side * 3
-
-
 def cache_bytes(slots: int, side: int) -> int:
-    return _pixels_at(slots) + slots * slot_bytes(side)
+    return _pixels_at(slots) + slots * slot_pixels(side)
 
 
 def _pixels_at(slots: int) -> int:
@@ -114,7 +108,7 @@ class WindowCache:
         return self.map is not None and int(self.headers[slot]["gen"]) == gen
 
     def _pixels(self, slot: int, h: int, w: int, writable: bool) -> np.ndarray:
-        at = _pixels_at(self.slots) + slot * slot_bytes(self.side)
+        at = _pixels_at(self.slots) + slot * slot_pixels(self.side)
         return np.frombuffer(self._writable if writable else self.map, np.uint8, count=h * w * 3,
                              offset=at).reshape(h, w, 3)
 

@@ -9,15 +9,24 @@ same room the workers' footprints and queues are planned in.
 
 from __future__ import annotations
 
+import numpy as np
+
 from cocodet.loader.budget import Budget, Draft, worker_memory
 from cocodet.units import MiB
 
-HEADER_BYTES = 64  # a slot's header: generation, dataset index, size, h, w, stored h, w, scale
+# A slot's header (the cache's layout, ``data/window_cache.py``, reads and writes it): 64 bytes.
+SLOT_HEADER = np.dtype([("gen", "<i8"), ("index", "<i8"), ("size", "<i8"), ("h", "<i8"), ("w", "<i8"),
+                        ("orig_h", "<i8"), ("orig_w", "<i8"), ("scale", "<f8")])
+
+
+def slot_pixels(side: int) -> int:
+    """One slot's pixel area, for images whose long side is ``side``."""
+    return side * side * 3
 
 
 def slot_bytes(side: int) -> int:
-    """One slot: a side x side x 3 image and its header."""
-    return side * side * 3 + HEADER_BYTES
+    """One slot: its pixel area and its header."""
+    return slot_pixels(side) + SLOT_HEADER.itemsize
 
 
 def window_slots(window: int, side: int, batch_size: int, train: Draft, budget: Budget) -> tuple[int, str]:

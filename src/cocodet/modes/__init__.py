@@ -2,10 +2,12 @@
 :data:`MODE_TABLE`, importing a mode's module only when it runs (so ``mode=plan`` imports
 neither torch nor Lightning, and only ``mode=bench`` imports ``cocodet.bench``).
 
-A mode function takes ``(cfg, plan, resources, run_dir)`` and returns the run's summary. These
-modules are the wiring layer: they read the config tree and call everything below with plain
-arguments.
+A mode function takes ``(spec, plan, resources)``, the run's ``RunSpec`` (``cocodet/run_spec``),
+its loader plan and the probed host, and returns the run's summary. These modules are the
+wiring layer: they hand the spec's parts to everything below as plain arguments.
 """
+
+from cocodet.schema import MODES  # noqa: F401  (the choices; tests/test_config.py keeps both equal)
 
 MODE_TABLE = {
     "train": "cocodet.modes.train:train",
@@ -16,4 +18,3 @@ MODE_TABLE = {
     "predict": "cocodet.modes.checkpoint:predict",
     "export": "cocodet.modes.checkpoint:export",
 }
-MODES = tuple(MODE_TABLE)

@@ -4,12 +4,10 @@ place that imports ``cocodet.bench``."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from pathlib import Path
-
-from omegaconf import DictConfig
 
 from cocodet.loader.plan_record import LoaderPlan
-from cocodet.modes.wiring import build_datamodule, build_module, device_of
+from cocodet.modes.wiring import build_datamodule, build_module
+from cocodet.run_spec.records import RunSpec
 
 
 @contextmanager
@@ -21,24 +19,24 @@ def _torn_down(datamodule):
         datamodule.teardown("bench")
 
 
-def bench(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
+def bench(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     from cocodet.bench.run import model_step, run_bench
     from cocodet.loader.diagnose import explained_loader_failures
     from cocodet.models.precision import resolve_precision
 
-    b, device = cfg.bench, device_of(cfg)
-    datamodule = build_datamodule(cfg, plan, run_dir)
-    precision = resolve_precision(cfg.trainer.get("precision", "32-true"))
-    step = model_step(build_module(cfg, datamodule), device, precision) if b.consumer == "model" else None
-    with explained_loader_failures(plan, shm_path=str(cfg.loader.shm_path)), _torn_down(datamodule):
-        summary = run_bench(datamodule, plan, consumer=b.consumer, work_ms=float(b.work_ms), batches=b.batches,
-                            warmup=int(b.warmup), epochs=int(b.epochs), digest_batches=int(b.digest_batches),
-                            producer=b.producer, producer_ms=float(b.producer_ms),
-                            producer_samples=int(b.producer_samples), decode_probe_images=int(b.decode_probe),
-                            shm_path=str(cfg.loader.shm_path), train_step=step, device=device, preload=bool(b.preload))
+    b, device = spec.settings("bench"), spec.trainer.device
+    datamodule = build_datamodule(spec, plan)
+    precision = resolve_precision(spec.trainer.args.get("precision", "32-true"))
+    step = model_step(build_module(spec, datamodule), device, precision) if b["consumer"] == "model" else None
+    with explained_loader_failures(plan, shm_path=spec.loader.shm_path), _torn_down(datamodule):
+        summary = run_bench(datamodule, plan, consumer=b["consumer"], work_ms=float(b["work_ms"]), batches=b["batches"],
+                            warmup=int(b["warmup"]), epochs=int(b["epochs"]), digest_batches=int(b["digest_batches"]),
+                            producer=b["producer"], producer_ms=float(b["producer_ms"]),
+                            producer_samples=int(b["producer_samples"]), decode_probe_images=int(b["decode_probe"]),
+                            shm_path=spec.loader.shm_path, train_step=step, device=device, preload=bool(b["preload"]))
     summary = {**summary, "precision": precision if step else None}
-    if "mlflow" in (cfg.get("logger") or {}):
+    if spec.mlflow:
         from cocodet.tracking.bench_run import track_bench
 
-        summary["mlflow"] = track_bench(cfg, plan, summary, run_dir)
+        summary["mlflow"] = track_bench(spec.config, plan, summary, spec.run_dir)
     return summary

@@ -4,94 +4,91 @@ and the loader plan; no torch, no Lightning, so it answers in about a second."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+
 
 from cocodet.storage.store import is_remote
 
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.resources import HostResources
+from cocodet.run_spec.records import RunSpec
 
 log = logging.getLogger(__name__)
 
 
-def partner_words(cfg) -> str:
+def partner_words(spec: RunSpec) -> str:
     """What the mosaic partners add to a rank's object reads (none for pools: they are the batch's own)."""
-    from cocodet.modes.wiring import partner_window
     from cocodet.transforms.augment import partner_source
 
-    if cfg.augment.get("mosaic_p") is None:
+    aug = spec.recipe.config
+    if aug.get("mosaic_p") is None:
         return ""
-    aug = cfg.augment
     source = partner_source(aug.get("partners"), aug.get("partner_window"), aug.get("partner_pool"))
     if source == "dataset":
         return ", plus the mosaic partners it draws from the whole dataset"
     if source == "window":
-        return (f", plus the window partners of the first {partner_window(cfg)} positions of each epoch (later ones are "
+        return (f", plus the window partners of the first {spec.loader.batches.partner_window} positions of each epoch (later ones are "
                 "read from the window cache, not the store)")
     return ""
 
 
-def plan(cfg: DictConfig, loader_plan: LoaderPlan, resources: HostResources, run_dir: Path) -> dict:
+def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> dict:
     from cocodet.coco.splits import load_splits
-    from cocodet.modes.wiring import train_keep_empty
 
-    d = OmegaConf.to_container(cfg.dataset, resolve=True)
+    d = spec.dataset.options
     train, val = load_splits(d["root"], d["train_images"], d["train_ann"], d["val_images"], d["val_ann"],
-                             train_keep_empty(cfg), d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"))
-    if cfg.dataset.verify:
+                             d["keep_empty"], d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"))
+    if d.get("verify"):
         from cocodet.images.verify import verify_indexes
 
-        verify_indexes(train, val, run_dir, int(d["max_image_pixels"]))
+        verify_indexes(train, val, spec.run_dir, int(d["max_image_pixels"]))
     log.info("host preflight:\n%s", resources.table())
-    remote = remote_reads(cfg, train, loader_plan) if is_remote(str(d["root"])) else None
+    remote = remote_reads(spec, train, loader_plan) if is_remote(str(d["root"])) else None
     return {"mode": "plan", **loader_plan.summary(), "host": resources.as_dict(), "train_images": len(train),
             "val_images": len(val), **({"remote": remote} if remote else {})}
 
 
-def remote_reads(cfg: DictConfig, train, loader_plan: LoaderPlan) -> dict:
+def remote_reads(spec: RunSpec, train, loader_plan: LoaderPlan) -> dict:
     """What one train epoch reads from a remote root for this rank: objects and bytes (from one
     listing of the image prefix), and the images two ranks share (the sampler's padding)."""
     from cocodet.loader.rank_share import padding, rank_indices
     from cocodet.storage.store import listing
-    from cocodet.modes.wiring import run_ranks
 
-    ranks = run_ranks(cfg)
-    sizes = listing(str(cfg.dataset.root).rstrip("/") + "/" + str(cfg.dataset.train_images))
-    mine = rank_indices(len(train), int(cfg.seed), 0, ranks.global_rank, ranks.world_size)
+    ranks, root = spec.ranks, spec.dataset.root
+    sizes = listing(root.rstrip("/") + "/" + str(spec.dataset.get("train_images")))
+    mine = rank_indices(len(train), spec.seed, 0, ranks.global_rank, ranks.world_size)
     grouped = loader_plan.group_aspect_ratio is not None  # grouped batches pad whole batches: about the same share
     objects = np.unique(mine)
     bytes_ = sum(sizes.get(str(train.paths[k]), {}).get("size", 0) for k in objects)
     shared = padding(len(train), ranks.world_size)
-    partners = partner_words(cfg)
+    partners = partner_words(spec)
     log.info("remote root %s: this rank%s reads %s%d of %d train objects, %.1f MiB per epoch%s%s; each request waits "
-             "at most dataset.remote.timeout_s=%g s", cfg.dataset.root, ranks.label(), "about " if grouped else "",
+             "at most dataset.remote.timeout_s=%g s", root, ranks.label(), "about " if grouped else "",
              len(objects), len(train), bytes_ / 2**20,
              f"; {shared} images of each epoch's order are read by two ranks (the sampler pads by wrapping)"
              if shared else "", partners,
-             float(cfg.dataset.remote.timeout_s))
-    return {"root": str(cfg.dataset.root), "objects_per_epoch": int(len(objects)), "bytes_per_epoch": int(bytes_),
+             float(spec.dataset.get("remote")["timeout_s"]))
+    return {"root": root, "objects_per_epoch": int(len(objects)), "bytes_per_epoch": int(bytes_),
             "listed_objects": len(sizes), "shared_by_two_ranks": shared, "approximate": grouped,
-            "read_ahead": read_ahead_plan(cfg, sizes, ranks, train, loader_plan)}
+            "read_ahead": read_ahead_plan(spec, sizes, train, loader_plan)}
 
 
-def read_ahead_plan(cfg: DictConfig, objects: dict, ranks, train, loader_plan: LoaderPlan) -> dict | None:
+def read_ahead_plan(spec: RunSpec, objects: dict, train, loader_plan: LoaderPlan) -> dict | None:
     """The read-ahead's disk (refused when its folder cannot hold cache_bytes), memory and
     working set (this rank's first epoch, planned as training plans it: torch is imported for
     the sampler, only here), with a warning when the budget is below the working set."""
     from cocodet.storage.read_ahead import budget_origin, read_ahead_budget, read_ahead_folder, working_set_words
 
-    remote = OmegaConf.to_container(cfg.dataset.remote, resolve=True)
-    folder = read_ahead_folder(remote, cfg.dataset.get("cache_dir"))
-    if not folder or not remote.get("cache_bytes") or cfg.dataset.cache != "none":
-        log.info("read-ahead: off (%s)", "dataset.cache holds the pixels" if cfg.dataset.cache != "none" else
+    remote, ranks, cache = spec.dataset.get("remote"), spec.ranks, spec.dataset.get("cache", "none")
+    folder = read_ahead_folder(remote, spec.dataset.get("cache_dir"))
+    if not folder or not remote.get("cache_bytes") or cache != "none":
+        log.info("read-ahead: off (%s)", "dataset.cache holds the pixels" if cache != "none" else
                  "dataset.remote.cache_bytes=0" if folder else "no folder: dataset.cache_dir and remote.cache_dir null")
         return None
     paths = [str(p) for p in train.paths]
     own = {p: objects[p] for p in paths if p in objects}
-    working = first_epoch_working_set(cfg, train, own, ranks, loader_plan)
+    working = first_epoch_working_set(spec, train, own, loader_plan)
     budget = read_ahead_budget(folder, remote["cache_bytes"], ranks.local_world_size, own,
                                int(remote["concurrency"]), working[1])
     line, warning = working_set_words(budget, working, ranks.local_world_size)
@@ -105,7 +102,7 @@ def read_ahead_plan(cfg: DictConfig, objects: dict, ranks, train, loader_plan: L
     return {**budget, "working_set_objects": working[0]}
 
 
-def first_epoch_working_set(cfg: DictConfig, train, objects: dict, ranks, loader_plan: LoaderPlan) -> tuple[int, int]:
+def first_epoch_working_set(spec: RunSpec, train, objects: dict, loader_plan: LoaderPlan) -> tuple[int, int]:
     """(objects, bytes) of this rank's working set over epochs 0 and 1 (``storage/working_set.py``), from
     the reads the samples plan, with the window cache the plan sizes (a window partner read
     from it is no object read). Grouped batches are planned in the plain order: one read per
@@ -114,11 +111,10 @@ def first_epoch_working_set(cfg: DictConfig, train, objects: dict, ranks, loader
     from cocodet.data.window_cache import WindowCache
     from cocodet.loader.epoch_sampler import EpochSampler
     from cocodet.loader.rank_share import RankOrder
-    from cocodet.modes.wiring import build_recipe
     from cocodet.storage.read_ahead import epoch_reads
     from cocodet.storage.working_set import lead_samples, reach, working_set
 
-    recipe, seed = build_recipe(cfg), int(cfg.seed)
+    recipe, seed, ranks = spec.recipe.recipe, spec.seed, spec.ranks
     dataset = DetectionDataset(train, recipe, seed)
     window = getattr(recipe, "partner_window", 0) or 0
     cache = WindowCache(loader_plan.window_slots, recipe.decode_size) if window and loader_plan.window_slots else None
@@ -128,7 +124,7 @@ def first_epoch_working_set(cfg: DictConfig, train, objects: dict, ranks, loader
         sampler = EpochSampler(len(train), seed, True, ranks.global_rank, ranks.world_size,
                                pool=getattr(recipe, "partner_pool", None), window=window)
         sizes = np.array([objects.get(str(p), {}).get("size", 0) for p in train.paths], dtype=np.int64)
-        lead = lead_samples(loader_plan.num_workers, loader_plan.prefetch_factor, int(cfg.loader.batch_size))
+        lead = lead_samples(loader_plan.num_workers, loader_plan.prefetch_factor, spec.loader.batches.batch_size)
         return working_set([epoch_reads(sampler, dataset, e) for e in (0, 1)], sizes, reach(lead))
     finally:
         if cache is not None:

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from omegaconf import DictConfig
 
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.modes.wiring import build_datamodule
+from cocodet.run_spec.records import RunSpec
 
 
-def preview(cfg: DictConfig, plan: LoaderPlan, resources, run_dir: Path) -> dict:
+def preview(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     from cocodet.preview import render_previews
 
-    datamodule = build_datamodule(cfg, plan, run_dir)
+    datamodule = build_datamodule(spec, plan)
+    settings = spec.settings("preview")
     try:
-        paths, batch_bins = render_previews(datamodule, run_dir / "previews", batches=int(cfg.preview.batches),
-                                            epoch=int(cfg.preview.epoch))
+        paths, batch_bins = render_previews(datamodule, spec.run_dir / "previews", batches=int(settings["batches"]),
+                                            epoch=int(settings["epoch"]))
     finally:
         datamodule.teardown("preview")  # a remote root's read-ahead thread
     return {"mode": "preview", "pngs": [str(p) for p in paths], "batch_bins": batch_bins, **plan.summary()}

@@ -37,7 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from cocodet.storage import store as storage
 from cocodet.storage.object_cache import ObjectCache
 from cocodet.storage.working_set import fetch_ahead
 

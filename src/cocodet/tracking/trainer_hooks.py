@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from cocodet.tracking.lightning_logger import CHECKPOINT_KEY, MlflowLogger, RunIdInCheckpoint
+from cocodet.tracking.lightning_logger import MlflowLogger, RunIdInCheckpoint
 
 
 def mlflow_logger(loggers) -> MlflowLogger | None:

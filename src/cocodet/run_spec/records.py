@@ -1,0 +1,126 @@
+"""The run specification: the composed config read once, as frozen records (design §1).
+
+``run_spec/read.py`` builds a :class:`RunSpec` from the validated config tree at start; everything
+below the modes receives the parts it needs from it, never the tree. Values are plain Python
+(dicts for what Hydra instantiates: the model, callbacks, loggers); nothing here imports
+omegaconf, except that :attr:`RunSpec.config` keeps the tree for ``cocodet.tracking``, which logs
+it as the run's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
+from cocodet.ranks import Ranks
+
+
+@dataclass(frozen=True)
+class RecipeSpec:
+    """The augment group: the class its ``_target_`` names, its keys, and what the recipe
+    learns from the rest of the config (``image_size``; a reference preset's model resize)."""
+
+    family: type | None  # the class the target names (None: augment has no target)
+    config: dict         # the augment group, resolved, with its _target_
+    image_size: int
+    model_sizes: tuple[int, int] | None = None  # the reference presets: the chosen model's resize
+
+    def is_a(self, family: type) -> bool:
+        return self.family is not None and issubclass(self.family, family)
+
+    @cached_property
+    def recipe(self):
+        """The train recipe, built once (the letterbox family imports albumentations: only
+        the modes that read images ask for it)."""
+        from hydra.utils import instantiate
+
+        kwargs = {"image_size": self.image_size}
+        if self.model_sizes is not None:
+            kwargs["model_sizes"] = self.model_sizes
+        return instantiate(self.config, **kwargs, _convert_="all")
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """The loader group, as the plan is asked it (``loader/plan_record.py``) and as the
+    re-planner reads it."""
+
+    request: LoaderRequest
+    batches: BatchGeometry
+    shm_path: str
+    on_failure: str | None
+    max_replans: int
+    lr_words: str | None = None  # model.lr_scaling at this run's global batch (None: not asked)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """The dataset group: the datamodule class its ``_target_`` names and its keys (checked
+    against the constructor's by ``config.validate``), ``keep_empty`` resolved."""
+
+    target: str
+    options: dict
+
+    @property
+    def root(self) -> str:
+        return str(self.options["root"])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.options["image_size"])
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.options.get(key, default)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    config: dict        # the model group, resolved, for instantiate
+    name: str           # model.detector.name
+    loader_resizes: bool  # a reference preset resizes images as the model would (design §13)
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """Lightning's Trainer arguments and the objects Hydra builds beside it."""
+
+    args: dict
+    callbacks: list     # each a config with _target_
+    loggers: dict       # name -> config with _target_
+    cuda: bool          # batches go to a CUDA device
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cuda" if self.cuda else "cpu")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run, read once. ``modes``: each mode's own group (``bench``, ``eval``, ``predict``,
+    ``export``, ``preview``) as a dict; ``config``: the tree, for tracking only."""
+
+    mode: str
+    seed: int
+    run_dir: Path
+    ranks: Ranks
+    recipe: RecipeSpec
+    loader: LoaderSpec
+    dataset: DatasetSpec
+    model: ModelSpec | None
+    trainer: TrainerSpec
+    ckpt_path: str | None
+    weights_only: bool
+    modes: dict = field(default_factory=dict)
+    config: Any = None
+
+    def settings(self, mode: str) -> dict:
+        return self.modes.get(mode) or {}
+
+    @property
+    def mlflow(self) -> bool:
+        return "mlflow" in self.trainer.loggers
