@@ -196,6 +196,40 @@ def heavy_imports(modules: list[str], path: Path | None = None) -> set[str]:
     return set(eval(proc.stdout.strip().splitlines()[-1]))
 
 
+# The packages below the modes receive the run specification's parts, never the config tree
+# (design §1); tracking/ may keep the tree, which it logs as the run's parameters.
+SPEC_ONLY = ("loader", "data", "storage", "images", "coco", "transforms", "models")
+
+
+def config_tree_readers(src: Path, packages=SPEC_ONLY) -> list[str]:
+    """Modules of ``packages`` under ``src`` that import omegaconf or hydra."""
+    found = []
+    for package in packages:
+        for path in sorted((src / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n.split(".")[0] in ("omegaconf", "hydra") for n in names):
+                    found.append(str(path.relative_to(src)))
+    return sorted(set(found))
+
+
+def test_no_package_below_the_modes_reads_the_config_tree(tmp_path):
+    assert config_tree_readers(SRC) == []
+    (tmp_path / "loader").mkdir()
+    (tmp_path / "loader" / "planted.py").write_text("def f():\n    from omegaconf import OmegaConf\n")
+    assert config_tree_readers(tmp_path, ("loader",)) == ["loader/planted.py"]
+
+
+def test_the_dataset_only_maps():
+    """key -> partners -> images -> recipe: the partner sources and the image reader are
+    modules of their own, and nothing asks a sample key what type its fields are."""
+    text = (SRC / "data" / "dataset.py").read_text()
+    assert len(text.splitlines()) <= 160
+    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "isinstance"]
+    assert [ast.unparse(c.args[0]) for c in calls] == ["keys"], "isinstance only on the batch's BatchKeys"
+
+
 def test_the_storage_package_imports_neither_torch_nor_cv2(tmp_path):
     """Bytes need no image code: a tool that only reads a bucket stays light."""
     storage = sorted(module_name(p) for p in (SRC / "storage").glob("*.py"))

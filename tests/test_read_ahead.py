@@ -42,8 +42,8 @@ def bench(endpoint: str, cache: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("partners", ["8", "null"])
 def test_the_plan_reads_what_the_samples_read(coco_tiny, partners, monkeypatch):
-    """planned_reads replays the sample's own draws: the images _sample loads, in its order."""
-    from cocodet.data import dataset as dataset_module
+    """planned_reads replays the sample's own draws: the images a sample reads, in its order."""
+    from cocodet.data.image_reader import ImageReader
     from cocodet.transforms.augment import Mosaic
     from cocodet.data.dataset import DetectionDataset
     from cocodet.loader.epoch_sampler import EpochSampler
@@ -54,11 +54,11 @@ def test_the_plan_reads_what_the_samples_read(coco_tiny, partners, monkeypatch):
     pool = None if partners == "null" else int(partners)
     dataset = DetectionDataset(train, Mosaic(image_size=64, partner_pool=pool), seed=3)
     loads: list[int] = []
-    real = dataset_module.load_resized
-    monkeypatch.setattr(dataset_module, "load_resized", lambda index, k, *a, **kw: loads.append(k) or real(index, k, *a, **kw))
+    real = ImageReader.read
+    monkeypatch.setattr(ImageReader, "read", lambda self, k, *a: loads.append(k) or real(self, k, *a))
     for key in list(EpochSampler(len(train), 3, True, pool=pool).epoch_keys(2))[:12]:
         loads.clear()
-        dataset._sample(key, lambda k, t, position=None: dataset._read(k, t, position))
+        dataset[key]
         assert loads == dataset.planned_reads(key), key
 
 
@@ -67,7 +67,7 @@ def test_the_plan_reads_what_window_partners_read(coco_tiny, monkeypatch):
     store, and so does an image an earlier sample drew ahead of itself (among the epoch's first
     W + 1 positions): read in order, the epoch's plan is its reads exactly."""
     from cocodet.coco.splits import load_splits
-    from cocodet.data import dataset as dataset_module
+    from cocodet.data import image_reader
     from cocodet.data.dataset import DetectionDataset
     from cocodet.data.window_cache import WindowCache
     from cocodet.loader.epoch_sampler import EpochSampler
@@ -80,14 +80,14 @@ def test_the_plan_reads_what_window_partners_read(coco_tiny, monkeypatch):
     dataset = DetectionDataset(train, Mosaic(image_size=64, partners="window", partner_window=window), seed=3)
     dataset.use_window(RankOrder(len(train), 3), WindowCache(window + 4, 64))
     loads: list[int] = []
-    real = dataset_module.load_resized
-    monkeypatch.setattr(dataset_module, "load_resized", lambda index, k, *a, **kw: loads.append(k) or real(index, k, *a, **kw))
+    real = image_reader.load_resized
+    monkeypatch.setattr(image_reader, "load_resized", lambda index, k, *a, **kw: loads.append(k) or real(index, k, *a, **kw))
     keys = list(EpochSampler(len(train), 3, True, window=window).epoch_keys(2))[:40]
     planned = dataset.planned_epoch_reads(keys)
     assert sum(len(r) for r in planned) < sum(len(dataset.planned_reads(k)) for k in keys)  # some drawn ahead
     for key, plan in zip(keys, planned):
         loads.clear()
-        dataset._sample(key, lambda k, t, position=None: dataset._read(k, t, position))
+        dataset[key]
         assert loads == plan, (key, loads, plan)
 
 

@@ -25,6 +25,7 @@ from cocodet.transforms.augment import Basic
 from cocodet.coco.index import build_index
 from cocodet.errors import BadSampleError
 from cocodet.data.dataset import DetectionDataset
+from cocodet.data.image_reader import CallReads
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS, header_size
 from cocodet.models.checkpoint_file import CheckpointError
 
@@ -113,10 +114,10 @@ def test_hostile_images_are_bad_samples_without_a_decode(coco_tiny, tmp_path, mo
     assert not [hw for hw in decoded if hw and hw[0] * hw[1] > max_pixels], decoded  # never decoded
     # Found bad once, remembered by this process: drawn again (as a sample or a partner), it is
     # answered from that memory instead of being read again.
-    assert set(hostile) <= set(dataset._bad)
-    dataset.index = None  # any read of the index would now fail
+    assert set(hostile) <= set(dataset.reader.bad)
+    dataset.reader.index = None  # any read of the index would now fail
     with pytest.raises(BadSampleError, match="too large"):
-        dataset._load(hostile[0], np.zeros(4))
+        dataset.reader.read(hostile[0], None, CallReads(), np.zeros(4))
 
 
 def test_an_annotation_that_disagrees_with_the_header_is_refused_before_decoding(coco_tiny, tmp_path, monkeypatch):

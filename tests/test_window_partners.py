@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import is_root, run_in_process, run_train
-from cocodet.data.dataset import window_position
+from cocodet.data.partners import window_position
 from cocodet.data.window_cache import HEADER, WindowCache
 from cocodet.errors import ConfigError
 from cocodet.loader.stream_position import ResumeError, StreamPosition

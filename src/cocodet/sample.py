@@ -6,9 +6,28 @@ them) import, so that neither imports the other (README "Project layout").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+
+
+class SampleKey(NamedTuple):
+    """What the sampler asks the dataset for: sample ``index`` of ``epoch``, and where its mosaic
+    partners come from: ``position`` (its place in this rank's epoch order: window partners),
+    ``pool`` (the aligned run of keys it belongs to), or neither (the whole dataset)."""
+
+    epoch: int
+    index: int
+    pool: tuple = ()
+    position: int | None = None
+
+    @classmethod
+    def of(cls, key) -> "SampleKey":
+        """A sampler's key, an ``(epoch, index)`` pair, or a bare index (epoch 0)."""
+        try:
+            return cls(*key)
+        except TypeError:  # not a sequence: a bare index
+            return cls(0, int(key))
 
 # One sample, as DetectionDataset, mode=predict and the bench's producers build it and the
 # FlatBatch collate reads it: the letterboxed or augmented HWC uint8 image, its xyxy boxes and

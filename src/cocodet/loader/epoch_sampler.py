@@ -6,14 +6,15 @@ from __future__ import annotations
 import torch.utils.data
 
 from cocodet.loader.rank_share import per_rank, rank_indices
+from cocodet.sample import SampleKey
 
 
 class EpochSampler(torch.utils.data.Sampler):
-    """Yields ``(epoch, i)`` keys; shuffles with a generator seeded by (seed, epoch).
+    """Yields ``SampleKey(epoch, i)`` keys; shuffles with a generator seeded by (seed, epoch).
 
     With ``pool`` > 1 each key also carries its pool: the aligned run of ``pool`` keys of
     this rank's epoch order it belongs to (mosaic partners are drawn from it). With ``window``
-    > 0 each key carries its position ``p`` in this rank's epoch order instead, ``(epoch, i, p)``:
+    > 0 each key carries its position ``p`` in this rank's epoch order instead:
     partners come from the ``window`` positions before it (``data/dataset.py``), and the dataset
     computes the order itself (``rank_share.RankOrder``), once per epoch.
 
@@ -42,13 +43,13 @@ class EpochSampler(torch.utils.data.Sampler):
         mine = rank_indices(self.size, self.seed, epoch, self.rank, self.world_size, self.shuffle)  # padded by wrapping
         if self.window:
             for p, i in enumerate(mine):
-                yield (epoch, int(i), p)
+                yield SampleKey(epoch, int(i), position=p)
             return
         if not self.pool or self.pool <= 1:  # no pool: partners come from the whole dataset
             for i in mine:
-                yield (epoch, int(i))
+                yield SampleKey(epoch, int(i))
             return
         for p in range(-(-len(mine) // self.pool)):
             pool = tuple(int(j) for j in mine[p * self.pool:(p + 1) * self.pool])
             for i in pool:
-                yield (epoch, i, pool)
+                yield SampleKey(epoch, i, pool=pool)

@@ -23,6 +23,7 @@ import numpy as np
 
 from cocodet.loader.epoch_sampler import EpochSampler
 from cocodet.loader.rank_share import epoch_order
+from cocodet.sample import SampleKey
 
 
 def aspect_bins(k: int) -> np.ndarray:
@@ -57,7 +58,7 @@ def grouped_batches(order: np.ndarray, groups: np.ndarray, aspect: np.ndarray, b
 
 
 class GroupedEpochSampler(EpochSampler):
-    """This rank's keys ``(epoch, i)``, batch after batch, for ``EpochBatchSampler`` to cut at
+    """This rank's keys ``SampleKey(epoch, i)``, batch after batch, for ``EpochBatchSampler`` to cut at
     ``batch_size``: every batch but the rank's last is full, so the cuts fall on the groups.
 
     Args:
@@ -98,4 +99,4 @@ class GroupedEpochSampler(EpochSampler):
         batches = self.epoch_batches_of(epoch)
         for j in self._mine():
             for i in batches[j % len(batches)].tolist():
-                yield (epoch, i)
+                yield SampleKey(epoch, i)
