@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from cocodet.storage.object_cache import ObjectCache
-from cocodet.storage.prefetch import Prefetcher
+from cocodet.read_ahead.object_cache import ObjectCache
+from cocodet.read_ahead.fetcher import ReadAhead
 
 OBJECTS, READS_PER_SAMPLE, BUDGET = 118_287, 4, 4 * 2**30
 
@@ -35,7 +35,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         cache = ObjectCache(folder, listing, BUDGET)
-        p = Prefetcher(cache, urls, plan_epoch, BUDGET, concurrency=16, lead=48)
+        p = ReadAhead(cache, urls, plan_epoch, BUDGET, concurrency=16, lead=48)
         p.epochs = [(0, *plan_epoch(0)), (1, *plan_epoch(1))]
         held = rng.random(OBJECTS) < 0.5
         p.held_mask[:] = held
@@ -45,7 +45,7 @@ def main() -> None:
             p.advance(32)
             t0 = time.perf_counter()
             with p._changed:
-                future, lead_at, ahead_at, start = p._future()
+                future, lead_at, ahead_at, start = p._reads_left()
                 snapshot, unpinned = p.held_mask.copy(), p.pinned_until < start
             t1 = time.perf_counter()
             fetches = list(p._plan(future, lead_at, ahead_at, start, snapshot, unpinned, 16))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import cocodet  # noqa: F401  (registers the groups' schemas and resolvers: tests compose configs with Hydra's API)
+
 # Under pytest-xdist (make test, make test-slow) two test processes share the 2 CPUs: each
 # process, and every train.py it starts, computes on one thread, so that two tests' trainings do
 # not fight over the cores. A step costs 1.4-1.8x on one thread what it costs on two

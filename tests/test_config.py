@@ -78,3 +78,17 @@ def test_every_mode_has_its_function():
     from cocodet.schema import MODES
 
     assert tuple(MODE_TABLE) == MODES
+
+
+def test_the_dataset_keys_are_the_datamodules_arguments():
+    """What the dataset group may name: the constructor's arguments no other group gives, its
+    _target_, and storage_options (the store's, read into the run specification)."""
+    import inspect
+
+    from cocodet.datamodule import CocoDataModule
+    from cocodet.schema import DATASET_KEYS
+
+    runtime = {"self", "recipe", "batch_size", "seed", "plan", "val_batch_size", "run_dir", "replanner",
+               "group_aspect_ratio"}
+    arguments = set(inspect.signature(CocoDataModule.__init__).parameters) - runtime
+    assert set(DATASET_KEYS) == arguments | {"_target_", "storage_options"}

@@ -1,7 +1,7 @@
 """A process killed inside a section shared with its workers hangs nothing (issue 70, design §15).
 
 The store's counters and give-up clock (storage/session.py) and the object cache's byte budget
-(storage/object_cache.py) are shared memory that the main process, its forked DataLoader
+(read_ahead/object_cache.py) are shared memory that the main process, its forked DataLoader
 workers and the read-ahead's threads update. Their lock was multiprocessing's, a semaphore that
 stays taken forever when its holder is SIGKILLed (the OOM killer): the parent's next
 ``counts()`` never returned. Each test forks a real process, parks it inside the section
@@ -126,7 +126,7 @@ def test_the_give_up_clock_survives_a_worker_killed_while_noting_a_failure(sessi
 
 @pytest.mark.parametrize("method", ["reserve", "release"])
 def test_the_copy_budget_survives_a_worker_killed_while_reserving(tmp_path, method):
-    from cocodet.storage.object_cache import ObjectCache
+    from cocodet.read_ahead.object_cache import ObjectCache
 
     cache = ObjectCache(tmp_path / "copies", {}, budget=1000)
     assert cache.reserve(100)

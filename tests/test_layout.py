@@ -47,6 +47,7 @@ ALLOWED = {
     "images": BELOW | {"storage", "coco"},
     "transforms": BELOW | {"storage", "coco", "images"},
     "loader": BELOW,
+    "read_ahead": BELOW | {"storage", "loader"},
     "data": BELOW | {"storage", "coco", "images", "transforms", "loader"},
 }
 MAX_MODULE_LINES = 300

@@ -66,7 +66,7 @@ def gets_of(endpoint: str, url: str) -> int:
 
 def cache_for(tmp_path, urls, budget=1 << 30):
     from cocodet.storage import store as storage
-    from cocodet.storage.object_cache import ObjectCache
+    from cocodet.read_ahead.object_cache import ObjectCache
 
     return ObjectCache(tmp_path / "copies", storage.listing(urls[0].rsplit("/", 1)[0]), budget)
 
@@ -186,10 +186,10 @@ def test_a_slow_fetch_keeps_its_claim_past_every_timeout(bucket, tmp_path):
 
 def prefetcher_for(cache, urls, reads, budget=1 << 30):
     """A prefetcher over ``urls`` whose every epoch reads ``reads`` (one read per sample)."""
-    from cocodet.storage.prefetch import Prefetcher
+    from cocodet.read_ahead.fetcher import ReadAhead
 
     plan = (np.asarray(reads, dtype=np.int64), np.arange(len(reads) + 1))
-    return Prefetcher(cache, urls, lambda epoch: plan, budget, concurrency=4)
+    return ReadAhead(cache, urls, lambda epoch: plan, budget, concurrency=4)
 
 
 def wait_for(condition, seconds=20.0) -> bool:
@@ -269,7 +269,7 @@ def test_runs_sharing_a_host_and_a_split_get_folders_of_their_own(tmp_path):
     """A local_parallel sweep: two live runs on one split never share (or evict from) one
     folder; the folder is reused once its run ended. Another split's copies are not counted
     as free space for this one."""
-    from cocodet.storage.read_ahead import read_ahead_budget, split_folder
+    from cocodet.read_ahead.budget import read_ahead_budget, split_folder
 
     first, claim = split_folder(str(tmp_path), 0, "s3://b/train2017")
     second, claim2 = split_folder(str(tmp_path), 0, "s3://b/train2017")
@@ -323,7 +323,7 @@ print(int(storage.counts()["gets"]))
 FULL_DISK = """
 import hashlib, json, logging, os, sys
 from cocodet.storage import store as storage
-from cocodet.storage.object_cache import ObjectCache
+from cocodet.read_ahead.object_cache import ObjectCache
 
 endpoint, folder, urls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 storage.configure({"endpoint_url": endpoint}, timeout_s=5, retries=2, give_up_s=10)

@@ -127,7 +127,7 @@ def test_a_cache_that_does_not_fit_is_refused_with_the_numbers(coco_tiny, tmp_pa
 
 
 def test_cache_without_cache_dir_is_a_user_error(synthetic_root, tmp_path):
-    from cocodet.config import UserError
+    from cocodet.errors import UserError
 
     with pytest.raises(UserError, match="dataset.cache=ram needs dataset.cache_dir"):
         run_in_process([f"dataset.root={synthetic_root}", "mode=bench", "dataset.cache=ram", "dataset.cache_dir=null",

@@ -186,7 +186,7 @@ def request(policy="auto", num_workers=None, overrides=(), environ=None):
 
 
 def test_worker_request_sources():
-    from cocodet.config import ConfigError
+    from cocodet.errors import ConfigError
 
     assert request() == ("auto", None)
     # named on this run's command line -> explicit; arriving from a preset file -> inherited

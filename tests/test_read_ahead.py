@@ -195,7 +195,7 @@ def test_the_working_set_counts_what_is_live_at_once():
     serves it in two epochs (lives that overlap) is one copy."""
     import numpy as np
 
-    from cocodet.storage.working_set import working_set
+    from cocodet.read_ahead.working_set import working_set
 
     sizes = np.array([10, 20, 30, 40])
     reads, offsets = np.array([0, 1, 2, 0, 3]), np.array([0, 2, 3, 4, 5])  # samples read {0,1} {2} {0} {3}

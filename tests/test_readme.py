@@ -184,7 +184,7 @@ def test_every_status_the_code_sets_is_listed():
 
     source = "\n".join(p.read_text() for p in (REPO / "src" / "cocodet").rglob("*.py"))
     set_here = set(re.findall(r'^    status = "(\w+)"', source, re.M)) - {"stopped"}  # RunStopped's own: never raised bare
-    fit = (REPO / "src" / "cocodet" / "models" / "fit.py").read_text()
+    fit = (REPO / "src" / "cocodet" / "modes" / "train.py").read_text()
     set_here |= set(re.findall(r'return "(\w+)", None', fit))  # completed / preempted
     set_here |= set(re.findall(r'TrainingStopped\([^\n]*"(\w+)"\)', source))
     assert set_here == set(RUN_STATUSES), set_here ^ set(RUN_STATUSES)

@@ -79,7 +79,7 @@ def cocodet_side(experiment: str, root: Path, run_dir: Path):
     from hydra import compose, initialize_config_dir
 
     from cocodet.loader.flat_batch import flatten, restore
-    from cocodet.models.fit import seed_model_init
+    from cocodet.models.zoo import seed_model_init
     from cocodet.modes.wiring import build_datamodule, build_module, build_plan
     from cocodet.run_spec.read import read_spec
 

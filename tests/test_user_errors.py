@@ -28,6 +28,14 @@ def run_entry(monkeypatch, tmp_path, *overrides: str) -> int:
     ("loader.no_such_key=1", "loader.no_such_key"),
     ("augment=fancy", "augment/fancy"),
     ("model.optimizer.lr=abc", "model.optimizer.lr"),
+    # A closed group's schema (run_spec/schemas.py): a key it lacks, appended with + or not, is
+    # refused naming the closest declared key; a choice outside its options names the options.
+    ("+loader.batchsize=4", "loader.batchsize (did you mean loader.batch_size?)"),
+    ("loader.batchsize=4", "loader.batchsize (did you mean loader.batch_size?)"),
+    ("+bench.warmpu=2", "bench.warmpu (did you mean bench.warmup?)"),
+    ("+dataset.verfy=true", "dataset.verfy (did you mean dataset.verify?)"),
+    ("loader.policy=fast", "loader.policy='fast' is not allowed: expected auto, explicit or inherited"),
+    ("export.format=tflite", "export.format='tflite' is not allowed: expected torchscript or onnx"),
 ])
 def test_bad_value_or_option_exits_2_with_one_line(monkeypatch, tmp_path, capsys, override, named):
     assert run_entry(monkeypatch, tmp_path, override) == 2

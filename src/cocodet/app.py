@@ -26,8 +26,7 @@ from cocodet.storage import store as storage
 def run(cfg: DictConfig) -> dict:
     spec = read_spec(cfg)
     # How a URL dataset root (and predict.source) is opened, for every mode (storage/store.py)
-    storage.configure(spec.dataset.get("storage_options"), rank=spec.ranks.global_rank,
-                      **(spec.dataset.get("remote") or {}))
+    storage.configure(spec.storage.options, rank=spec.ranks.global_rank, **spec.storage.remote)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     raise_nofile_limit()
     plan, resources = build_plan(spec)

@@ -56,8 +56,32 @@ def task(cfg: DictConfig) -> dict:
 
 
 def _exit_user_error(error: BaseException) -> None:
-    sys.stderr.write(f"error: {_one_line(error)}\n")
+    sys.stderr.write(f"error: {_as_rule(error) or _one_line(error)}\n")
     sys.exit(2)
+
+
+def _as_rule(error: BaseException) -> str | None:
+    """What a group's schema refused at composition, in cocodet's words: a value as its rule in
+    ``schema.py`` words it (``loader.batch_size='abc' ... expected an integer >= 1``), a key the
+    group does not declare with the closest one it does (not Hydra's hint to append it with
+    ``+``, which a closed group refuses too); None: Hydra's own words stand."""
+    from cocodet.errors import ConfigError
+    from cocodet.run_spec.schemas import declared_keys
+    from cocodet.run_spec.validate import undeclared
+    from cocodet.schema import RULES
+
+    cause = error.__cause__ if error.__cause__ is not None else error
+    key = str(getattr(cause, "full_key", None) or "")
+    group, _, name = key.partition(".")
+    rule = next((r for r in RULES if r.key == key), None)
+    try:
+        if rule is not None and hasattr(cause, "value"):
+            rule.validate(cause.value)
+        elif declared_keys(group) and name and name not in declared_keys(group):
+            undeclared(group, {name}, declared_keys(group))
+    except ConfigError as refused:
+        return str(refused)
+    return None
 
 
 def _one_line(error: BaseException) -> str:

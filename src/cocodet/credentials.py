@@ -7,7 +7,7 @@ Hydra writes every override to ``.hydra/overrides.yaml`` and the composed config
 ``.hydra/config.yaml`` before the task runs, and the config reaches the logs and TensorBoard's
 hyper-parameters; a key or secret given there would be on disk in every run folder. So the
 command line is checked in ``cli.main`` before Hydra starts, and the composed config in
-``config.validate``. The standard AWS chain (environment variables, ``AWS_PROFILE``, an
+``run_spec/validate.py``. The standard AWS chain (environment variables, ``AWS_PROFILE``, an
 instance role, web identity) needs nothing from cocodet's config.
 """
 

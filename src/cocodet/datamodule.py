@@ -24,9 +24,9 @@ from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.data.pixel_cache import open_pixel_cache
 from cocodet.data.window_cache import WindowCache
 from cocodet.coco.splits import annotation_file, load_splits
-from cocodet.data.read_ahead_start import start_train_read_ahead
 from cocodet.loader.stream_end import trainer_stream_end
-from cocodet.storage.store import configure as configure_storage, counts as storage_counts, is_remote
+from cocodet.read_ahead.start import start_train_read_ahead
+from cocodet.storage.store import counts as storage_counts, is_remote
 from cocodet.images.verify import verify_indexes
 from cocodet.errors import UserError
 from cocodet.loader.build import build_loader
@@ -77,10 +77,9 @@ class CocoDataModule(L.LightningDataModule):
         max_image_pixels: images whose header is larger are bad samples, never decoded.
         group_aspect_ratio: train batches from one of 2k + 2 aspect-ratio bins
             (``loader/grouped_sampler.py``); None: batches in shuffled order.
-        storage_options: fsspec's options for a URL ``root`` (``endpoint_url``); never credentials.
-        remote: a URL root's store settings (``conf/dataset/coco.yaml``): ``timeout_s`` (one
-            request), ``retries`` and ``give_up_s`` (a failing store), ``cache_dir``,
-            ``cache_bytes`` and ``concurrency`` (the read-ahead, ``storage/read_ahead.py``).
+        remote: a URL root's store settings (``conf/dataset/coco.yaml``); here the read-ahead's
+            ``cache_dir``, ``cache_bytes`` and ``concurrency`` (``read_ahead/start.py``). The store
+            itself is configured once per run, before any mode reads (``app.run``).
     """
 
     def __init__(self, root: str, train_images: str, train_ann: str, val_images: str, val_ann: str,
@@ -89,13 +88,13 @@ class CocoDataModule(L.LightningDataModule):
                  verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
                  cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None,
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, group_aspect_ratio: int | None = None,
-                 storage_options: dict | None = None, remote: dict | None = None):
+                 remote: dict | None = None):
         super().__init__()
-        configure_storage(storage_options, **(remote or {}))  # a URL root's filesystem (storage/store.py)
-        self.root, self.train_images, self.remote, self.cache_dir = root, train_images, dict(remote or {}), cache_dir
+        # Where the train split is stored (a remote root's read-ahead reads it, read_ahead/start.py).
+        self.train_store = {"root": root, "images": train_images, "remote": dict(remote or {}), "cache_dir": cache_dir}
         # (train batches the run takes from epoch 0, at least these whole epochs): the bench sets it
         self.stream_batches: tuple[int, int] | None = None
-        self.read_ahead = None  # a remote root's prefetcher (storage/read_ahead.py), started with the train loader
+        self.read_ahead = None  # a remote root's ReadAhead (read_ahead/start.py), started with the train loader
         self.samples_consumed = 0  # train samples that reached the model (or the bench)
         self.read_ahead_record: dict | None = None  # the read-ahead's summary, kept when it stops
         self.run_dir = Path(run_dir) if run_dir else None
@@ -219,7 +218,8 @@ class CocoDataModule(L.LightningDataModule):
         sampler = self._sampler(self.train_set, shuffle=True)
         start = self.stream.take_resume_start(sampler)
         if self.read_ahead is None:
-            self.read_ahead = start_train_read_ahead(self, sampler, start)
+            self.read_ahead = start_train_read_ahead(self.train_store, self.train_set, sampler, start, self.plan,
+                                                     self.batch_size, self.trainer, self.stream_batches)
         loader = build_loader(self.train_set, sampler, self.batch_size, self.plan, position=position,
                               across_epochs=True, replanner=self.replanner, stage="train", start=start)
         end = trainer_stream_end(self.trainer, self.stream_batches, loader.batch_sampler.batches())

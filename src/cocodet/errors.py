@@ -6,7 +6,7 @@ annotation that cannot be used, which ``dataset.on_bad_sample`` decides about.
 """
 
 # Every value of a training summary's ``status``: how the run ended. ``completed`` and
-# ``preempted`` (SIGTERM) come from ``models/fit.py``; the others are the ``status`` of the
+# ``preempted`` (SIGTERM) come from ``modes/train.py``; the others are the ``status`` of the
 # RunStopped that ended the run (``store_down`` is storage's StoreDown). README "Watching a run"
 # and design §2 list them; tests/test_readme.py checks both lists and every status set in src/.
 RUN_STATUSES = ("completed", "preempted", "store_down", "disk_full", "diverged", "collapsed", "nonfinite")

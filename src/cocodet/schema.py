@@ -1,6 +1,6 @@
 """Every user-settable rule, written once (bottom layer: no omegaconf, no Hydra, no torch).
 
-``config.validate`` checks a composed config against :data:`RULES` at start; constructors
+``run_spec/validate.py`` checks a composed config against :data:`RULES` at start; constructors
 that take the same values from code check them with :func:`check`, against the same rule, so
 no choice list or range is written twice. A value outside its rule is a :class:`ConfigError`
 that names the key, the value and what is allowed.
@@ -28,9 +28,10 @@ ON_COLLAPSE = ("warn", "stop")
 PARTNERS = ("window", "pool", "dataset")  # where mosaic partners come from (transforms/augment.py)
 
 # The dataset group's keys: the CocoDataModule arguments a config gives (its runtime arguments,
-# the recipe, plan, batch sizes, seed and run dir, come from other groups). A key outside this
-# list is refused in every mode, so a typo cannot pass mode=plan and end another mode in a
-# TypeError (tests/test_config.py keeps it equal to the constructor's signature).
+# the recipe, plan, batch sizes, seed and run dir, come from other groups), and storage_options,
+# which configure the store (run_spec.StorageSpec). A key outside this list is refused in every
+# mode, so a typo cannot pass mode=plan and end another mode in a TypeError
+# (tests/test_config.py keeps it equal to the constructor's signature).
 DATASET_KEYS = ("_target_", "root", "train_images", "train_ann", "val_images", "val_ann", "image_size",
                 "keep_empty", "on_bad_sample", "verify", "synthetic", "cache_dir", "cache", "max_image_pixels",
                 "storage_options", "remote")

@@ -68,7 +68,7 @@ class DetectionDataset(torch.utils.data.Dataset):
     def planned_reads(self, key) -> list[int]:
         """The dataset indices sample ``key`` reads when every image is good, in the order it
         reads them: its own, then its partners' planned by their source (the read-ahead's plan,
-        ``storage/prefetch.py``). With the window cache, a window partner at or before the
+        ``read_ahead/fetcher.py``). With the window cache, a window partner at or before the
         sample's position is a cache read, not an object read, and is left out; among the
         epoch's first W + 1 positions the sample's own image may be in the cache already (an
         earlier sample drew it ahead of itself), so there the plan is an upper bound."""

@@ -1,6 +1,6 @@
 """The loader plan's arithmetic (design §3): what the host allows one rank's loaders, what a
 worker costs, and how many workers fit. Numbers in, numbers out; the words that explain them
-are ``plan_words.py``."""
+are ``plan_reasons.py``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ TENSORS_PER_BATCH = 8  # FlatBatch: each storage is one fd and one mmap while in
 
 
 @dataclass(frozen=True)
-class Cap:
+class WorkerCap:
     """One cap the plan evaluated: at most ``limit`` workers (None: not capped), whether it
     lowered the count, and the arithmetic behind it."""
 
@@ -56,7 +56,7 @@ def host_budget(res: HostResources, footprint: int, largest_batch: int, persiste
 
 
 @dataclass
-class Draft:
+class LoaderDraft:
     """One loader's plan as the steps of ``plan_loader`` shape it."""
     workers: int
     prefetch: int
@@ -64,7 +64,7 @@ class Draft:
     ship_bytes: int  # bytes of one shm transfer: a batch, or a part of one
     per_image: float
     batch_bytes: int  # bytes of one whole batch
-    caps: list[Cap] = field(default_factory=list)
+    caps: list[WorkerCap] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def shm_limit(self, share: int | None, prefetch: int) -> int | None:
@@ -76,14 +76,14 @@ class Draft:
         return (self.workers * self.prefetch + 1) * self.ship_bytes if self.workers > 0 else 0
 
 
-def draft(batch_bytes: int, batch_size: int, prefetch: int, part_images: int | None) -> Draft:
+def loader_draft(batch_bytes: int, batch_size: int, prefetch: int, part_images: int | None) -> LoaderDraft:
     """A loader's draft before any cap: no workers yet, whole batches unless parts are asked."""
     per_image = batch_bytes / batch_size
-    return Draft(workers=0, prefetch=prefetch, part_images=part_images, per_image=per_image, batch_bytes=batch_bytes,
+    return LoaderDraft(workers=0, prefetch=prefetch, part_images=part_images, per_image=per_image, batch_bytes=batch_bytes,
                  ship_bytes=batch_bytes if part_images is None else int(per_image * part_images))
 
 
-def parts_that_fit(d: Draft, share: int, partner_pool: int) -> tuple[int, int] | None:
+def parts_that_fit(d: LoaderDraft, share: int, partner_pool: int) -> tuple[int, int] | None:
     """(workers, images per part) when a batch does not fit ``share`` whole: one part per
     worker in flight and one being joined, parts of whole partner pools when two pools fit (a
     part that splits a pool decodes the partners it draws from the other part again), fewer
@@ -105,7 +105,7 @@ def shm_size_for(batch_bytes: int) -> int:
     return -(-4 * batch_bytes // MiB)
 
 
-def memory_limit(d: Draft, b: Budget) -> int:
+def memory_limit(d: LoaderDraft, b: Budget) -> int:
     """Workers (both sets when persistent) whose footprint and queues fit the rank's memory."""
     return max(0, b.mem_room // (b.worker_sets * (b.footprint + d.prefetch * b.largest_batch)))
 
@@ -115,11 +115,11 @@ def worker_memory(workers: int, prefetch: int, b: Budget) -> int:
     return b.worker_sets * workers * (b.footprint + prefetch * b.largest_batch)
 
 
-def inflight_fds(train: Draft, val: Draft) -> int:
+def inflight_fds(train: LoaderDraft, val: LoaderDraft) -> int:
     """Storages (each one fd and one map) both loaders keep in flight."""
     return (train.workers * train.prefetch + val.workers * val.prefetch) * TENSORS_PER_BATCH
 
 
-def explicit_part_images(b: Budget, d: Draft) -> int:
+def explicit_part_images(b: Budget, d: LoaderDraft) -> int:
     """Images per part that would let an explicit count's queues fit half the shm budget."""
     return max(1, int(b.shm / 2 // ((d.workers + 1) * d.per_image)))

@@ -1,12 +1,12 @@
 """The loader plan's records (design §3): what the plan is asked (the request, the batch
-geometry) and what it decides (``LoaderPlan``, with each cap it evaluated as a ``budget.Cap``).
+geometry) and what it decides (``LoaderPlan``, with each cap it evaluated as a ``budget.WorkerCap``).
 Plain dataclasses: ``summary()`` is the JSON the run's summary carries."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from cocodet.loader.budget import Cap
+from cocodet.loader.budget import WorkerCap
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class LoaderPlan:
     local_ranks: int = 1  # processes of this run on this host: they share its CPUs, /dev/shm and memory
     host_cpus: int | None = None  # this host's CPUs for the run (affinity, quota), before dividing among ranks
     group_aspect_ratio: int | None = None  # train batches from one of 2k+2 aspect-ratio bins (None: not grouped)
-    caps: list[Cap] = field(default_factory=list)  # every cap evaluated, in the order evaluated
+    caps: list[WorkerCap] = field(default_factory=list)  # every cap evaluated, in the order evaluated
     warnings: list[str] = field(default_factory=list)
     # The validation loader's plan, made against the same shm budget (None: the same as this plan).
     val: "LoaderPlan | None" = None
@@ -120,6 +120,6 @@ class LoaderPlan:
 
     def table(self) -> str:
         """The plan as a small fixed-width table for the log."""
-        from cocodet.loader.plan_words import plan_table
+        from cocodet.loader.plan_reasons import plan_table
 
         return plan_table(self)

@@ -6,17 +6,17 @@ machine that has the condition. Sources:
     explicit   the user's own count for this run, honoured; warnings give the numbers.
     inherited  a count from outside this run (scheduler variable, preset): a ceiling under the
                CPU, shm and memory caps.
-The records are ``plan_record.py``, the arithmetic ``budget.py``, the words ``plan_words.py``;
+The records are ``plan_record.py``, the arithmetic ``budget.py``, the words ``plan_reasons.py``;
 here are the steps, in the order they apply.
 """
 
 from __future__ import annotations
 
 from cocodet import schema
-from cocodet.loader import plan_words as words
-from cocodet.loader.budget import (Cap, DEFAULT_WORKER_FOOTPRINT, MAIN_PROCESS_HEADROOM, TENSORS_PER_BATCH,  # noqa: F401
-                                   Budget, Draft, draft, explicit_part_images, host_budget, inflight_fds,
-                                   memory_limit, parts_that_fit, shm_size_for, worker_memory)
+from cocodet.loader import plan_reasons as words
+from cocodet.loader.budget import (DEFAULT_WORKER_FOOTPRINT, TENSORS_PER_BATCH, Budget, LoaderDraft, WorkerCap,
+                                   explicit_part_images, host_budget, inflight_fds, loader_draft, memory_limit,
+                                   parts_that_fit, shm_size_for, worker_memory)
 from cocodet.loader.plan_record import BatchGeometry, LoaderPlan, LoaderRequest
 from cocodet.loader.resources import HostResources
 from cocodet.loader.window_plan import slot_bytes, window_slots
@@ -38,8 +38,8 @@ def plan_loader(request: LoaderRequest, batches: BatchGeometry, resources: HostR
     budget = host_budget(resources, request.worker_footprint_bytes or DEFAULT_WORKER_FOOTPRINT + batches.worker_working_bytes,
                          max(batches.batch_bytes, batches.val_batch_bytes or 0), request.persistent_workers)
     part_images = request.part_images if request.part_images is None or request.part_images < batches.batch_size else None
-    train = draft(batches.batch_bytes, batches.batch_size, request.prefetch_factor, part_images)
-    val = draft(val_bytes, val_size, request.prefetch_factor,
+    train = loader_draft(batches.batch_bytes, batches.batch_size, request.prefetch_factor, part_images)
+    val = loader_draft(val_bytes, val_size, request.prefetch_factor,
                 part_images if part_images is not None and part_images < val_size else None)
     if policy == "explicit":
         train.workers = val.workers = requested
@@ -73,7 +73,7 @@ def _check_request(request: LoaderRequest) -> None:
         raise ValueError(f"loader policy {request.policy!r} needs a worker count >= 0, got {request.requested!r}")
 
 
-def _share_shm(train: Draft, val: Draft, b: Budget, res: HostResources, partner_pool: int) -> None:
+def _share_shm(train: LoaderDraft, val: LoaderDraft, b: Budget, res: HostResources, partner_pool: int) -> None:
     """One shm budget for both loaders: validation is reserved the least that keeps one val
     worker (within a quarter of the budget: validation is the shorter stage, and training's
     parts then stay large enough for whole partner pools), training is capped in the rest, and
@@ -82,7 +82,7 @@ def _share_shm(train: Draft, val: Draft, b: Budget, res: HostResources, partner_
         _cap_shm(train, None, "", res, 0)
         val.workers, val.prefetch = max(1, train.workers), train.prefetch
         return
-    probe = draft(val.batch_bytes, max(1, round(val.batch_bytes / val.per_image)), 1, val.part_images)
+    probe = loader_draft(val.batch_bytes, max(1, round(val.batch_bytes / val.per_image)), 1, val.part_images)
     probe.workers = 1
     _cap_shm(probe, b.shm // 4, "", res, 0)
     reserve = probe.shm_bytes()
@@ -93,30 +93,30 @@ def _share_shm(train: Draft, val: Draft, b: Budget, res: HostResources, partner_
     _cap_shm(val, left, f"{whole} - {train.shm_bytes() / MiB:.1f} MiB of the train loader", res, 0)
 
 
-def _cap_cpu(d: Draft, res: HostResources) -> None:
+def _cap_cpu(d: LoaderDraft, res: HostResources) -> None:
     """An inherited count is a ceiling: no more workers than this rank's usable CPUs."""
-    d.caps.append(Cap("cpu", res.usable_cpus, d.workers > res.usable_cpus, words.cpu_reason(res)))
+    d.caps.append(WorkerCap("cpu", res.usable_cpus, d.workers > res.usable_cpus, words.cpu_reason(res)))
     d.workers = min(d.workers, res.usable_cpus)
 
 
-def _cap_shm(d: Draft, share: int | None, share_text: str, res: HostResources, partner_pool: int) -> None:
+def _cap_shm(d: LoaderDraft, share: int | None, share_text: str, res: HostResources, partner_pool: int) -> None:
     """In-flight transfers, and the one the main process holds, fit ``share`` of the rank's shm
     budget; when not one worker's queue does, lower prefetch, then ship batches in parts, then
     load in the main process."""
     limit = d.shm_limit(share, d.prefetch)
     if limit is None:
-        d.caps.append(Cap("shm", None, False, words.no_shm_reason(res)))
+        d.caps.append(WorkerCap("shm", None, False, words.no_shm_reason(res)))
         return
     applied = d.workers > max(1, limit)
     reason = words.shm_reason(d, share, share_text, res)
     if d.workers > 0 and limit == 0:
         limit, more = _shrink_to_fit_shm(d, share, partner_pool)
         applied, reason = True, reason + more
-    d.caps.append(Cap("shm", max(limit, 0), applied, reason))
+    d.caps.append(WorkerCap("shm", max(limit, 0), applied, reason))
     d.workers = min(d.workers, max(1, limit)) if limit >= 1 else 0
 
 
-def _shrink_to_fit_shm(d: Draft, share: int, partner_pool: int) -> tuple[int, str]:
+def _shrink_to_fit_shm(d: LoaderDraft, share: int, partner_pool: int) -> tuple[int, str]:
     """Not even one worker's queue fits: shrink the queue before giving up on workers. Returns
     the shm limit on workers and the reason's addition."""
     if d.shm_limit(share, 1) >= 1:
@@ -130,16 +130,16 @@ def _shrink_to_fit_shm(d: Draft, share: int, partner_pool: int) -> tuple[int, st
     return d.workers, words.in_parts(d, shm_size_for(d.batch_bytes))
 
 
-def _cap_memory(d: Draft, b: Budget, res: HostResources) -> None:
+def _cap_memory(d: LoaderDraft, b: Budget, res: HostResources) -> None:
     """Workers (both sets when persistent) with their queues fit the rank's memory."""
     m = memory_limit(d, b)
     applied = d.workers > max(1, m)
-    d.caps.append(Cap("memory", m, applied, words.memory_reason(b, res)))
+    d.caps.append(WorkerCap("memory", m, applied, words.memory_reason(b, res)))
     if applied:
         d.workers = max(1, m)
 
 
-def _warn(train: Draft, val: Draft, policy: str, b: Budget, res: HostResources) -> None:
+def _warn(train: LoaderDraft, val: LoaderDraft, policy: str, b: Budget, res: HostResources) -> None:
     """Warnings with the numbers: an explicit count over a budget, fds and maps near their limits."""
     fds = inflight_fds(train, val)
     if policy == "explicit":  # honoured, by both loaders: say what it exceeds
@@ -157,7 +157,7 @@ def _warn(train: Draft, val: Draft, policy: str, b: Budget, res: HostResources) 
         train.warnings.append(words.near_max_map_count(fds, res))
 
 
-def _final_plan(d: Draft, request: LoaderRequest, batch_size: int, batch_bytes: int, res: HostResources,
+def _final_plan(d: LoaderDraft, request: LoaderRequest, batch_size: int, batch_bytes: int, res: HostResources,
                 b: Budget, cuda: bool) -> LoaderPlan:
     """The LoaderPlan of a finished draft; nothing PyTorch rejects at num_workers=0."""
     with_workers = d.workers > 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cocodet.loader.budget import Budget, Draft, worker_memory
+from cocodet.loader.budget import Budget, LoaderDraft, worker_memory
 from cocodet.units import MiB
 
 # A slot's header (the cache's layout, ``data/window_cache.py``, reads and writes it): 64 bytes.
@@ -29,7 +29,7 @@ def slot_bytes(side: int) -> int:
     return slot_pixels(side) + SLOT_HEADER.itemsize
 
 
-def window_slots(window: int, side: int, batch_size: int, train: Draft, budget: Budget) -> tuple[int, str]:
+def window_slots(window: int, side: int, batch_size: int, train: LoaderDraft, budget: Budget) -> tuple[int, str]:
     """(slots, why): the window plus every position the workers may hold in flight (each worker
     its prefetched batches, and the batch the main process holds), capped by the memory left
     after the workers; 0 (no cache: every partner decodes) when not even one slot fits."""

@@ -32,7 +32,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Also the record of what this run's checkpoints hold: ``written`` (the newest file
     written, and its step) and ``refused`` (the newest state refused since, with its
     non-finite tensors), which the end of fit reads to tell a usable run from one that only
-    completed (``models/fit.py``)."""
+    completed (``modes/train.py``)."""
 
     def __init__(self):
         super().__init__()

@@ -184,3 +184,11 @@ def _replace_head(model: torch.nn.Module, num_classes: int) -> torch.nn.Module:
     else:
         raise ValueError(f"cannot replace the head of {type(model).__name__}")
     return model
+
+
+def seed_model_init(seed: int) -> None:
+    """Seed the generators a detector's weight init draws from (call before building it); the
+    data never uses them (design §5)."""
+    import lightning as L
+
+    L.seed_everything(seed, workers=False, verbose=False)

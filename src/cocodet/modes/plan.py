@@ -78,7 +78,7 @@ def read_ahead_plan(spec: RunSpec, objects: dict, train, loader_plan: LoaderPlan
     """The read-ahead's disk (refused when its folder cannot hold cache_bytes), memory and
     working set (this rank's first epoch, planned as training plans it: torch is imported for
     the sampler, only here), with a warning when the budget is below the working set."""
-    from cocodet.storage.read_ahead import budget_origin, read_ahead_budget, read_ahead_folder, working_set_words
+    from cocodet.read_ahead.budget import budget_origin, read_ahead_budget, read_ahead_folder, working_set_words
 
     remote, ranks, cache = spec.dataset.get("remote"), spec.ranks, spec.dataset.get("cache", "none")
     folder = read_ahead_folder(remote, spec.dataset.get("cache_dir"))
@@ -103,7 +103,7 @@ def read_ahead_plan(spec: RunSpec, objects: dict, train, loader_plan: LoaderPlan
 
 
 def first_epoch_working_set(spec: RunSpec, train, objects: dict, loader_plan: LoaderPlan) -> tuple[int, int]:
-    """(objects, bytes) of this rank's working set over epochs 0 and 1 (``storage/working_set.py``), from
+    """(objects, bytes) of this rank's working set over epochs 0 and 1 (``read_ahead/working_set.py``), from
     the reads the samples plan, with the window cache the plan sizes (a window partner read
     from it is no object read). Grouped batches are planned in the plain order: one read per
     sample either way."""
@@ -111,8 +111,8 @@ def first_epoch_working_set(spec: RunSpec, train, objects: dict, loader_plan: Lo
     from cocodet.data.window_cache import WindowCache
     from cocodet.loader.epoch_sampler import EpochSampler
     from cocodet.loader.rank_share import RankOrder
-    from cocodet.storage.read_ahead import epoch_reads
-    from cocodet.storage.working_set import lead_samples, reach, working_set
+    from cocodet.read_ahead.start import epoch_reads
+    from cocodet.read_ahead.working_set import lead_samples, reach, working_set
 
     recipe, seed, ranks = spec.recipe.recipe, spec.seed, spec.ranks
     dataset = DetectionDataset(train, recipe, seed)

@@ -1,20 +1,38 @@
-"""mode=train: build the datamodule, the model and the Trainer, fit, summarise (design §2)."""
+"""mode=train: build the datamodule, the model and the Trainer, fit, and summarise the run
+(design §2): the status a run ends with, its numbers, and the tracker's end."""
 
 from __future__ import annotations
 
+import logging
+import sys
+import time
+from pathlib import Path
 
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from cocodet.coco.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
+from cocodet.errors import RunStopped, TrainingStopped, UnusableModel
+from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.plan_record import LoaderPlan
+from cocodet.models.checkpoint_file import load_checkpoint
+from cocodet.models.evaluation import STAT_NAMES
+from cocodet.models.health import nonfinite_tensors
+from cocodet.models.prediction_grid import PredictionGrid
+from cocodet.models.preemption import PreemptionCheckpoint
+from cocodet.models.zoo import seed_model_init
 from cocodet.modes.wiring import build_datamodule, build_module, build_trainer, resume_path
+from cocodet.ranks import Ranks, check_ranks, finish_ranks
 from cocodet.run_spec.records import RunSpec
+from cocodet.timing.callback import LoaderTimingCallback
+from cocodet.tracking.lightning_logger import CHECKPOINT_KEY
+from cocodet.tracking.trainer_hooks import abort_tracking, close_tracking, prepare_tracking
+
+log = logging.getLogger(__name__)
 
 
 def train(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
-    from cocodet.models.checkpoint_file import load_checkpoint
-    from cocodet.models.fit import fit, seed_model_init
-
-    from cocodet.tracking.lightning_logger import CHECKPOINT_KEY
-    from cocodet.tracking.trainer_hooks import prepare_tracking
-
     ckpt, weights_only = resume_path(spec), spec.weights_only
     # Refused in one line before Lightning loads it (as it will: with the same weights_only);
     # only the MLflow run id it carries is kept, not its tensors, while the model is built.
@@ -26,3 +44,170 @@ def train(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     prepare_tracking(trainer, spec.config, plan, resumed_run_id)
     return fit(trainer, module, datamodule, plan, ckpt_path=ckpt, weights_only=weights_only,
                shm_path=spec.loader.shm_path, ranks=spec.ranks)
+
+
+def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, plan: LoaderPlan, *,
+        ckpt_path: str | None, weights_only: bool, shm_path: str, ranks: Ranks | None = None) -> dict:
+    """Train, validating as configured; return the training summary. ``ranks``: what
+    ``cocodet.ranks`` answered before the trainer existed, checked against the trainer's."""
+    started = time.perf_counter()
+    try:
+        with explained_loader_failures(plan, shm_path=shm_path):
+            status, stopped = _run_fit(trainer, module, datamodule, ckpt_path, weights_only)
+    except BaseException as e:  # an unexpected error, Ctrl-C: the MLflow run ends FAILED (KILLED)
+        abort_tracking(trainer, e)
+        raise
+    # Collective (every rank gathers), so before anything only rank 0 does.
+    ddp = datamodule.ddp_summary() if trainer.world_size > 1 else None
+    if ddp is not None:
+        ddp.update(val_images_evaluated=module.val_images_evaluated, val_repeats_removed=module.val_repeats_removed)
+    checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    best_checkpoint = next((c for c in checkpoints if c.monitor), None)
+    last_checkpoint = next((c for c in checkpoints if not c.monitor), None)
+    preemption = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
+    if status == "completed":
+        stopped = unusable_end(trainer, module, saves_checkpoints=bool(checkpoints) or preemption is not None)
+        status = stopped.status if stopped is not None else status
+    if status == "preempted":
+        report_preemption(trainer, preemption)
+    timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
+    metrics = module.last_metrics or {}
+    best = best_checkpoint.best_model_score if best_checkpoint else None
+    rank_check = check_ranks(trainer, ranks) if ranks is not None else None
+    finish_ranks(trainer)
+    summary = {
+        "mode": "train",
+        "status": status,
+        **{k: round(float(metrics.get(k, 0.0)), 4) for k in STAT_NAMES},
+        "best_map": round(float(best), 4) if best is not None else None,
+        "epochs": int(trainer.current_epoch),
+        "steps": int(trainer.global_step),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "last_ckpt": _last_checkpoint(last_checkpoint, preemption),
+        "best_ckpt": _existing(best_checkpoint.best_model_path) if best_checkpoint else None,
+        "loader_wait": timing.summary() if timing else {},
+        "bad_samples": datamodule.bad_sample_summary(),
+        "stream_digest": datamodule.stream_digest,
+        "stream_position": datamodule.position.state_dict() if datamodule.position else None,
+        "precision": str(trainer.precision),
+        "eval_backend": getattr(module, "eval_backend", None),
+        "first_batch_pinned": getattr(datamodule, "first_batch_pinned", None),
+        "plan": plan.summary(),
+        "on_failure": datamodule.replanner.on_failure,
+        "replans": datamodule.replanner.records,
+        "ddp": ddp,
+        "ranks": rank_check,
+        "health": module.health.summary() if hasattr(module, "health") else None,
+        **remote_record(datamodule),
+        **getattr(module, "lr_record", {}),  # global_batch, effective_lr
+    }
+    return finish(trainer, summary, stopped, plan)
+
+
+def finish(trainer: L.Trainer, summary: dict, stopped: RunStopped | None, plan: LoaderPlan) -> dict:
+    """The summary, after the tracker (logger=mlflow) recorded how the run ended; raised with
+    the error that stopped the run, if one did."""
+    if stopped is not None:
+        stopped = with_summary(stopped, summary)
+        summary = stopped.summary
+    tracking = close_tracking(trainer, summary, plan, run_files(trainer))
+    if tracking is not None:
+        summary["mlflow"] = tracking
+    if stopped is not None:
+        raise stopped
+    return summary
+
+
+def _run_fit(trainer: L.Trainer, module, datamodule, ckpt_path: str | None,
+             weights_only: bool) -> tuple[str, RunStopped | None]:
+    """``trainer.fit``, and how it ended: (status, the RunStopped that stopped it or None)."""
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only if ckpt_path else None)
+    except SIGTERMException:
+        close_progress_bars(trainer)
+        return "preempted", None
+    except RunStopped as e:  # a full disk, a health stop: the summary still reaches stdout, then one error line
+        close_progress_bars(trainer)
+        return e.status, e
+    finally:
+        datamodule.teardown("fit")  # its threads (a remote root's read-ahead), also when the run failed
+    return "completed", None
+
+
+def run_files(trainer: L.Trainer) -> list[Path]:
+    """The files a tracker keeps of a run: the last val_predictions.png and bad_samples.jsonl."""
+    grids = [c.path for c in trainer.callbacks if isinstance(c, PredictionGrid)]
+    return [*grids, Path(trainer.default_root_dir) / BAD_SAMPLES_FILE]
+
+
+def remote_record(datamodule) -> dict:
+    """``{"remote": ...}``: what a remote root's store served (none for a local root)."""
+    remote = datamodule.remote_summary() if hasattr(datamodule, "remote_summary") else None
+    return {"remote": remote} if remote is not None else {}
+
+
+def with_summary(stopped: RunStopped, summary: dict) -> RunStopped:
+    """The error that ended the run, carrying the summary so far (and, for a health stop, the
+    checkpoint to go back to)."""
+    if isinstance(stopped, TrainingStopped):
+        stopped.args = (f"{stopped}; last checkpoint: {summary['last_ckpt'] or 'none was written before it'}",)
+    stopped.summary = {**summary, "error": str(stopped)}
+    return stopped
+
+
+def report_preemption(trainer: L.Trainer, preemption: PreemptionCheckpoint | None) -> None:
+    """The log line and the resume command of a preempted run."""
+    saved = preemption.saved_path if preemption else None
+    log.warning("preempted at step %d (epoch %d); %s", trainer.global_step, trainer.current_epoch,
+                f"saved {saved}" if saved else "no checkpoint was written (no PreemptionCheckpoint callback)")
+    sys.stderr.write(f"preempted at step {trainer.global_step}: resume with the same command plus "
+                     f"ckpt_path=last hydra.run.dir={Path(trainer.default_root_dir).resolve()}\n")
+
+
+def close_progress_bars(trainer: L.Trainer) -> None:
+    """Close the bars a SIGTERM left open: tqdm would otherwise redraw them at interpreter exit,
+    after the summary, which must stay the last line on stdout (design §2)."""
+    from tqdm import tqdm
+
+    callback = trainer.progress_bar_callback
+    for bar in list(vars(callback).values()) if callback is not None else []:
+        if isinstance(bar, tqdm):
+            bar.close()
+
+
+def unusable_end(trainer: L.Trainer, module: L.LightningModule, saves_checkpoints: bool) -> UnusableModel | None:
+    """A run that reached its end is ``completed`` only when the model it ends with is finite
+    and, where checkpoints are configured, the newest state offered to them was written (a
+    checkpoint with a non-finite tensor is refused: models/checkpoint_io.py). Otherwise the
+    error that says so, naming the first non-finite tensor and the last good checkpoint."""
+    io = trainer.strategy.checkpoint_io
+    written, refused = getattr(io, "written", None), getattr(io, "refused", None)
+    bad = nonfinite_tensors(module.state_dict())
+    if not bad and not (saves_checkpoints and refused):
+        return None
+    good = (f"the last good checkpoint is {written[0]} (step {written[1]}): resume from it with ckpt_path={written[0]} "
+            if written else "no checkpoint was written before it: start again ")
+    advice = ("and a lower model.optimizer.lr or a longer warm-up (model.scheduler.pct_start); summary.health.skipped "
+              "lists the steps skipped")
+    if bad:
+        return UnusableModel(f"training ended with a model that is not finite: {_tensors(len(bad))}, the first "
+                             f"{bad[0]}, so it is not usable; {good}{advice}")
+    return UnusableModel(f"training ended, but its last checkpoint ({refused['path']}, step {refused['step']}) was not "
+                         f"written: {_tensors(len(refused['tensors']))} not finite, the first "
+                         f"{refused['tensors'][0]}; {good}{advice}")
+
+
+def _tensors(n: int) -> str:
+    return f"{n} tensor" if n == 1 else f"{n} tensors"
+
+
+def _existing(path: str | None) -> str | None:
+    """A checkpoint path a summary may name: one that holds a file."""
+    return path if path and Path(path).is_file() else None
+
+
+def _last_checkpoint(last: ModelCheckpoint | None, preemption: PreemptionCheckpoint | None) -> str | None:
+    """The newest state this run wrote: the preemption/step checkpoint or the epoch-end one."""
+    paths = [p for p in ((last.best_model_path if last else None), preemption.saved_path if preemption else None) if p]
+    existing = [p for p in paths if Path(p).is_file()]
+    return max(existing, key=lambda p: Path(p).stat().st_mtime) if existing else None

@@ -1,5 +1,5 @@
 """Config tree -> :class:`RunSpec`, once, at start (``app.run``): the only reader of the tree
-besides ``config.validate`` (which runs first) and ``cocodet.tracking`` (its parameters)."""
+besides ``run_spec/validate.py`` (which runs first) and ``cocodet.tracking`` (its parameters)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from cocodet.compat import current_targets
-from cocodet.config import validate
+from cocodet.run_spec.validate import validate
 from cocodet.loader.flat_layout import batch_bytes, round_up
 from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
 from cocodet.loader.resources import local_ranks, uses_cuda
 from cocodet.loader.worker_request import worker_request
 from cocodet.ranks import read_ranks
-from cocodet.run_spec.records import DatasetSpec, LoaderSpec, ModelSpec, RecipeSpec, RunSpec, TrainerSpec
+from cocodet.run_spec.records import DatasetSpec, LoaderSpec, ModelSpec, RecipeSpec, RunSpec, StorageSpec, TrainerSpec
 from cocodet.transforms.augment import Mosaic, partner_source
 from cocodet.transforms.recipe import Recipe
 from cocodet.transforms.reference_presets import ReferencePreset
@@ -25,23 +25,25 @@ MODE_GROUPS = ("bench", "eval", "predict", "export", "preview")
 
 
 def read_spec(cfg: DictConfig) -> RunSpec:
-    """Map old ``_target_`` paths (``compat.py``), validate ``cfg`` (``config.validate``: exit 2
+    """Map old ``_target_`` paths (``compat.py``), validate ``cfg`` (``run_spec/validate.py``: exit 2
     naming the key), then read each group once."""
     current_targets(cfg)
     validate(cfg)
-    tree = OmegaConf.to_container(cfg, resolve=False)  # which groups and keys this config has
+    tree = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)  # which groups and keys this config has
     trainer = _trainer(cfg)
     ranks = read_ranks(local_ranks(trainer.args.get("devices", 1), trainer.cuda), int(trainer.args.get("num_nodes") or 1))
-    recipe = _recipe(cfg)
+    recipe, dataset = _recipe(cfg), _dataset(cfg)
     return RunSpec(mode=str(cfg.mode), seed=int(cfg.seed), run_dir=Path(str(cfg.output_dir)), ranks=ranks,
-                   recipe=recipe, loader=_loader(cfg, recipe, ranks.world_size), dataset=_dataset(cfg, recipe),
+                   recipe=recipe, loader=_loader(cfg, recipe, ranks.world_size), dataset=_datamodule(dataset, recipe),
+                   storage=StorageSpec(dataset.get("storage_options") or {}, dict(dataset.get("remote") or {})),
                    model=_model(cfg, recipe), trainer=trainer, ckpt_path=cfg.get("ckpt_path"),
                    weights_only=bool(cfg.get("weights_only", True)),
                    modes={m: _plain(cfg.get(m)) for m in MODE_GROUPS if m in tree}, config=cfg)
 
 
 def _plain(node) -> dict:
-    return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    """A group as plain Python: resolved, its schema's choices as their strings."""
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True) if node is not None else {}
 
 
 def cli_overrides() -> list[str]:
@@ -142,9 +144,14 @@ def _lr_words(cfg: DictConfig, batch: int, world: int) -> str | None:
             f"{accumulate})")
 
 
-def _dataset(cfg: DictConfig, recipe: RecipeSpec) -> DatasetSpec:
-    options = _plain(cfg.dataset)
-    target = str(options.pop("_target_"))
+def _dataset(cfg: DictConfig) -> dict:
+    return _plain(cfg.dataset)
+
+
+def _datamodule(dataset: dict, recipe: RecipeSpec) -> DatasetSpec:
+    """The datamodule's keys: the dataset group's, less how the store is opened (``StorageSpec``)."""
+    options = {k: v for k, v in dataset.items() if k not in ("_target_", "storage_options")}
+    target = str(dataset["_target_"])
     if options.get("keep_empty") is None:  # the recipe's default, a class attribute (nothing built)
         options["keep_empty"] = getattr(recipe.family, "keep_empty", Recipe.keep_empty)
     return DatasetSpec(target, options)

@@ -59,7 +59,7 @@ class LoaderSpec:
 @dataclass(frozen=True)
 class DatasetSpec:
     """The dataset group: the datamodule class its ``_target_`` names and its keys (checked
-    against the constructor's by ``config.validate``), ``keep_empty`` resolved."""
+    against the constructor's by ``run_spec/validate.py``), ``keep_empty`` resolved."""
 
     target: str
     options: dict
@@ -74,6 +74,15 @@ class DatasetSpec:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.options.get(key, default)
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """How URL roots (and ``predict.source``) are opened: fsspec's ``options`` (never
+    credentials) and the ``remote`` group's keys (timeouts, retries, the read-ahead's)."""
+
+    options: dict
+    remote: dict
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,7 @@ class RunSpec:
     recipe: RecipeSpec
     loader: LoaderSpec
     dataset: DatasetSpec
+    storage: StorageSpec
     model: ModelSpec | None
     trainer: TrainerSpec
     ckpt_path: str | None

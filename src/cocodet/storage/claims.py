@@ -4,7 +4,7 @@ lives, and a killed one loses it at once (the kernel drops a dead process's lock
 - :class:`SlotClaims`: numbered slots of one open file (the window cache's), each a POSIX
   byte-range lock (``fcntl.lockf``) on the slot's byte. These locks belong to the process, not
   the thread: the window cache's users are one thread per process.
-- :func:`claim_file`: one file (an object copy being written, ``storage/object_cache.py``), an
+- :func:`claim_file`: one file (an object copy being written, ``read_ahead/object_cache.py``), an
   ``flock`` on it, which belongs to the open file, so threads of one process exclude each other.
 - :class:`SharedLock`: a lock for shared memory that a process and the workers it forks take
   (the store's counters and give-up clock, the object cache's budget), in place of

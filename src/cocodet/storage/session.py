@@ -50,7 +50,7 @@ _counts = None  # multiprocessing.Array of COUNTS (no lock of its own), shared w
 _down_since = None
 # Both guarded by one SharedLock, which the kernel releases if a worker is killed inside it.
 _lock = None
-_object_cache = None  # the node-local read-ahead cache (storage/object_cache.py), when one is in use
+_object_cache = None  # the node-local read-ahead cache (read_ahead/object_cache.py), when one is in use
 
 
 def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retries: int = 5,
@@ -58,7 +58,7 @@ def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retr
     """Set how remote URLs are opened, for this process and the workers it forks
     (``rank``: this process's global rank, read once by ``cocodet/ranks.py``; None keeps the one
     configured before, as the datamodule's own call does; ``read_ahead``:
-    the remote group's read-ahead keys, used by ``storage/read_ahead.py``)."""
+    the remote group's read-ahead keys, used by ``read_ahead/start.py``)."""
     global _settings, _counts, _object_cache, _down_since, _lock
     options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
     _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s),

@@ -1,7 +1,7 @@
 """``logger=mlflow``: a Lightning logger that records a training run in MLflow (rank 0 only).
 
 Built from ``conf/logger/mlflow.yaml`` beside CSV and TensorBoard. ``modes/wiring.py`` hands it
-the parameters, tags, sweep parent and resumed run id before ``fit``; ``models/fit.py`` closes it
+the parameters, tags, sweep parent and resumed run id before ``fit``; ``modes/train.py`` closes it
 with the run's summary (``close_tracking``), so the run's status, its artifacts and the
 ``mlflow`` block of ``summary.json`` agree. Lightning's own ``finalize`` ends nothing: it calls
 every exception "failed", a SIGTERM included.

@@ -23,7 +23,7 @@ PARAM_BATCH = 100       # and more than 100 parameters in one log_batch
 def flat_params(cfg: DictConfig) -> dict[str, str]:
     """The resolved config as ``{"loader.batch_size": "8", ...}``: lists and empty mappings as
     JSON, credential keys left out, any ``user:password@`` in a URL replaced by ``***@``."""
-    tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False, enum_to_str=True)
     params: dict[str, str] = {}
 
     def walk(node, prefix: str) -> None:

@@ -1,7 +1,7 @@
 """The MLflow logger's part in a training run: its callback, what it starts with, how it ends.
 
 Called from ``modes/wiring.py`` (the callback), ``modes/train.py`` (``prepare_tracking``) and
-``models/fit.py`` (``close_tracking``, ``abort_tracking``); each is a no-op without
+``modes/train.py`` (``close_tracking``, ``abort_tracking``); each is a no-op without
 ``logger=mlflow``, and only rank 0 talks to MLflow.
 """
 

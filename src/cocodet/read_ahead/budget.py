@@ -1,36 +1,16 @@
-"""Where a remote root's read-ahead lives and how much it may hold: the budget
-(``dataset.remote.cache_bytes``, ``auto`` by default), its folder, this rank's plan of reads,
-and :func:`start_read_ahead`, which the datamodule calls with the train loader. The thread
-itself is :class:`~cocodet.storage.prefetch.Prefetcher`."""
+"""How much a remote root's read-ahead may hold, and where: the budget
+(``dataset.remote.cache_bytes``, ``auto`` by default), its folder, and this run's claimed
+folder of copies (design §15)."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import logging
 import os
 import shutil
-from functools import partial
 from pathlib import Path
 
-import numpy as np
-
-from cocodet.storage import store as storage
 from cocodet.storage.claims import claim_file
-from cocodet.storage.object_cache import ObjectCache
-from cocodet.storage.prefetch import Prefetcher
-from cocodet.storage.working_set import reach, working_set
-
-log = logging.getLogger(__name__)
-
-
-def epoch_reads(sampler, dataset, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    """(this rank's reads of ``epoch`` in order, offsets of each sample's reads): the sampler's
-    keys, with ``dataset.planned_epoch_reads``."""
-    reads = dataset.planned_epoch_reads(list(sampler.epoch_keys(epoch)))
-    offsets = np.cumsum([0] + [len(r) for r in reads])
-    return (np.concatenate(reads).astype(np.int64) if reads else np.zeros(0, np.int64)), offsets
-
 
 AUTO_CACHE_BYTES = 4 * 2**30  # cache_bytes=auto's ceiling (the fixed default before auto): ~25k COCO images' window
 
@@ -113,39 +93,3 @@ def split_folder(folder: str, local_rank: int, images_url: str) -> tuple[Path, i
         fd = claim_file(mine / ".claim")
         if fd is not None:
             return mine, fd
-
-
-def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None, dataset, sampler, epoch: int,
-                     skip_samples: int, local_rank: int, local_ranks: int, lead_samples: int = 0,
-                     end: int | None = None) -> Prefetcher | None:
-    """The read-ahead of a remote train split, started, or None where there is none: a local
-    root, no folder (``dataset.remote.cache_dir`` and ``dataset.cache_dir`` null),
-    ``cache_bytes=0``, or a pixel cache (which reads each object once, at its build). ``end``:
-    the samples the run consumes from its start (None: unknown)."""
-    folder = read_ahead_folder(remote, cache_dir)
-    cache_bytes, concurrency = remote.get("cache_bytes", "auto"), int(remote.get("concurrency") or 16)
-    if not storage.is_remote(root) or not folder or not cache_bytes or dataset.pixel_cache is not None:
-        return None
-    listed = storage.listing(storage.join(root, images))
-    paths = [str(p) for p in dataset.index.paths]
-    objects = {p: listed[p] for p in paths if p in listed}  # the split's own: val copies never enter it
-    sizes = np.array([objects.get(p, {}).get("size", 0) for p in paths], dtype=np.int64)
-    plans = [epoch_reads(sampler, dataset, e) for e in (epoch, epoch + 1)]  # a pass over two epochs' keys: once
-    working = working_set(plans, sizes, reach(lead_samples))
-    mine, claim = split_folder(folder, local_rank, storage.join(root, images))
-    budget = read_ahead_budget(folder, cache_bytes, local_ranks, objects, concurrency, working[1], own=mine)
-    cache = ObjectCache(mine, objects, budget["rank_budget_bytes"])
-    cache.folder_claim = claim  # held (open) for the run: the folder is this run's
-    storage.use_object_cache(cache)  # before the workers fork: they read the copies
-    prefetcher = Prefetcher(cache, paths, partial(epoch_reads, sampler, dataset), budget["rank_budget_bytes"],
-                            concurrency, lead_samples, end=end)
-    prefetcher.start(epoch, skip_samples, plans)
-    line, warning = working_set_words(budget, working, local_ranks)
-    log.info("read-ahead: %s, %.0f MiB for this rank%s (%s the %.0f MiB split); %s; %d GETs in flight (about %.0f MiB "
-             "of memory)", mine, budget["rank_budget_bytes"] / 2**20, budget_origin(budget),
-             "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20, line, concurrency,
-             budget["memory_bytes"] / 2**20)
-    if warning:
-        log.warning(warning)
-    prefetcher.working_set = working
-    return prefetcher

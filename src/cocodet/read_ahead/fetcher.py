@@ -1,6 +1,6 @@
 """The read-ahead of a remote root: one thread per rank, in the main process, that fetches what
 this rank's train stream will read, in the order it will read it, into the node-local
-:class:`~cocodet.storage.object_cache.ObjectCache`, within a byte budget.
+:class:`~cocodet.read_ahead.object_cache.ObjectCache`, within a byte budget.
 
 The order is known in advance: the sampler's keys for this epoch (from the stream's position)
 and the next, each with the images its sample reads (``DetectionDataset.planned_reads``: the
@@ -21,10 +21,10 @@ budget:
   next read is after r, needed latest first (Belady's rule), and otherwise waits: every later
   candidate's read is later still. So each GET it makes serves at least one read that would
   otherwise have been a GET of its own. With ``cache_bytes`` at least the working set
-  (:func:`~cocodet.storage.working_set.working_set`), each object is fetched once per epoch.
+  (:func:`~cocodet.read_ahead.working_set.working_set`), each object is fetched once per epoch.
 
 A pass costs a few ms of numpy at COCO scale (``minimum.at`` over two epochs of reads), done
-outside the lock that the training thread's :meth:`Prefetcher.advance` takes after each batch.
+outside the lock that the training thread's :meth:`ReadAhead.advance` takes after each batch.
 An object the listing lacks (the bucket lost it) is never planned: its reads fail as bad
 samples in the workers. An object whose fetch failed is not fetched again by the read-ahead.
 """
@@ -37,14 +37,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from cocodet.storage.object_cache import ObjectCache
-from cocodet.storage.working_set import fetch_ahead
+from cocodet.read_ahead.object_cache import ObjectCache
+from cocodet.read_ahead.working_set import fetch_ahead
 
 log = logging.getLogger(__name__)
 NEVER = np.iinfo(np.int64).max  # the next read of an object read no more in the planned epochs
 
 
-class Prefetcher:
+class ReadAhead:
     """This rank's read-ahead.
 
     Args:
@@ -77,7 +77,7 @@ class Prefetcher:
         self.consumed = 0  # samples of the first listed epoch the model has consumed
         self.base = 0  # absolute position (reads since start) of the first listed epoch's first read
         self.peak_bytes = 0
-        self.working_set = (0, 0)  # (objects, bytes): storage/working_set.py, set by start_read_ahead
+        self.working_set = (0, 0)  # (objects, bytes): read_ahead/working_set.py, set by start_read_ahead
         self.failed: dict[int, str] = {}  # dataset index -> why its fetch failed (not fetched again)
         self._changed = threading.Condition()
         self._to_plan: list[int] = []  # epochs to expand with plan_epoch, by the thread
@@ -100,10 +100,10 @@ class Prefetcher:
         with self._changed:
             self.consumed += int(samples)
             self.consumed_total += int(samples)
-            self._roll()
+            self._drop_finished_epochs()
             self._changed.notify_all()
 
-    def _roll(self) -> None:
+    def _drop_finished_epochs(self) -> None:
         """Drop the epochs the model has finished; the epoch after the next is planned by the
         read-ahead thread, not here on the training thread (a pass over an epoch's keys)."""
         while len(self.epochs) > 1 and self.consumed >= len(self.epochs[0][2]) - 1:
@@ -120,7 +120,7 @@ class Prefetcher:
         self.cache.close()
 
     # -- the thread -----------------------------------------------------------------------
-    def _future(self) -> tuple[np.ndarray, int, int, int]:
+    def _reads_left(self) -> tuple[np.ndarray, int, int, int]:
         """(dataset indices still to be read, in order, from the consumed position; where in
         them the reads not yet handed to workers begin, ``lead`` samples on; where the reads the
         thread may fetch now end, ``ahead`` samples further; the absolute position of the
@@ -151,11 +151,11 @@ class Prefetcher:
                     with self._changed:
                         self.epochs.append(planned)
                         self._to_plan.remove(epoch)
-                        self._roll()
+                        self._drop_finished_epochs()
                 with self._changed:
                     if self._stop:
                         return
-                    future, lead_at, ahead_at, start = self._future()
+                    future, lead_at, ahead_at, start = self._reads_left()
                     held, free_slots = self.held_mask.copy(), self.concurrency - len(self.inflight)
                     if not self.cache.writable():  # the copies' disk refuses: no fetch ahead until it may again
                         free_slots = 0
@@ -252,7 +252,7 @@ class Prefetcher:
         self._adopt_folder()
         held = np.flatnonzero(self.held_mask)
         self.cache.release(-int(self.sizes[held].sum()))  # counted now: they are on disk
-        next_read = first_reads(self._future()[0], len(self.paths))
+        next_read = first_reads(self._reads_left()[0], len(self.paths))
         for k in held[np.argsort(-next_read[held], kind="stable")].tolist():
             if self.cache.held_bytes() <= self.budget:
                 break

@@ -1,5 +1,5 @@
 """The read-ahead's working set: how much it must hold at once to fetch each object once per
-epoch, from the planned reads of consecutive epochs (``storage/read_ahead.py:epoch_reads``),
+epoch, from the planned reads of consecutive epochs (``read_ahead/start.py:epoch_reads``),
 in numpy.
 
 An object is *live*, within one epoch, from ``reach`` samples before its first read (the

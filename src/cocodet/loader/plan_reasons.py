@@ -3,7 +3,7 @@ log table. Text only; the numbers come from ``budget.py`` and the plan."""
 
 from __future__ import annotations
 
-from cocodet.loader.budget import MAIN_PROCESS_HEADROOM, Budget, Draft
+from cocodet.loader.budget import MAIN_PROCESS_HEADROOM, Budget, LoaderDraft
 from cocodet.loader.resources import HostResources
 from cocodet.units import MiB, mib
 
@@ -17,7 +17,7 @@ def no_shm_reason(res: HostResources) -> str:
     return f"no shm filesystem at {res.shm_path}: not capped"
 
 
-def shm_reason(d: Draft, share: int, share_text: str, res: HostResources) -> str:
+def shm_reason(d: LoaderDraft, share: int, share_text: str, res: HostResources) -> str:
     """``share_text``: how the share was cut from the budget ("" for the whole budget; it may
     name the budget as ``{budget}``)."""
     budget = f"half of {res.shm_free_bytes / MiB:.1f} MiB free shm / {res.local_world_size} ranks"
@@ -28,7 +28,7 @@ def shm_reason(d: Draft, share: int, share_text: str, res: HostResources) -> str
 PREFETCH_ONE = "; one worker at prefetch 1 fits, so prefetch lowered to 1"
 
 
-def in_parts(d: Draft, shm_size: int) -> str:
+def in_parts(d: LoaderDraft, shm_size: int) -> str:
     return (f"; one batch ({d.batch_bytes / MiB:.1f} MiB) exceeds it, so workers ship it in "
             f"parts of {d.part_images} images ({d.ship_bytes / MiB:.1f} MiB) at prefetch 1, joined "
             f"before the step; --shm-size >= {shm_size}m ships whole batches")
@@ -54,7 +54,7 @@ def over_cpus(workers: int, res: HostResources) -> str:
             "each step may get slower")
 
 
-def over_shm(d: Draft, val: Draft, b: Budget, res: HostResources, part_images: int) -> str:
+def over_shm(d: LoaderDraft, val: LoaderDraft, b: Budget, res: HostResources, part_images: int) -> str:
     needed = d.shm_bytes() + val.shm_bytes()
     return (f"the train and val loaders need {d.shm_bytes() / MiB:.1f} + {val.shm_bytes() / MiB:.1f} = "
             f"{needed / MiB:.1f} MiB of shm ({d.workers} workers x prefetch {d.prefetch}, plus the batch the "
@@ -64,7 +64,7 @@ def over_shm(d: Draft, val: Draft, b: Budget, res: HostResources, part_images: i
             f"loader.part_images={part_images}, or --shm-size")
 
 
-def over_memory(d: Draft, b: Budget, res: HostResources) -> str:
+def over_memory(d: LoaderDraft, b: Budget, res: HostResources) -> str:
     return (f"{b.worker_sets * d.workers} workers (train and val) x "
             f"~{(b.footprint + d.prefetch * b.largest_batch) / MiB:.0f} MiB may exceed the "
             f"{res.memory_available_bytes / MiB:.0f} MiB available; the OOM killer would end workers "

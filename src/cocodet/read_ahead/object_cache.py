@@ -13,7 +13,7 @@ however many workers and the prefetcher want it.
 The budget is one counter in shared memory, which the rank's workers inherit: a copy is
 published only after its bytes were reserved there, so the folder never holds more than the
 budget, even when a worker runs ahead of the read-ahead (its copy is then not kept). The
-prefetcher (``storage/prefetch.py``) alone evicts. Ranks on one host share ``cache_dir``, each in
+prefetcher (``read_ahead/fetcher.py``) alone evicts. Ranks on one host share ``cache_dir``, each in
 a folder of its own (``local-rank-N``) with its share of ``cache_bytes``: no rank evicts what
 another counts.
 """
@@ -243,7 +243,7 @@ class ObjectCache:
         self.release(size)
 
     def close(self) -> None:
-        """Give up the folder's claim (``storage/read_ahead.py:split_folder``): another run may use it."""
+        """Give up the folder's claim (``read_ahead/budget.py:split_folder``): another run may use it."""
         claim, self.folder_claim = getattr(self, "folder_claim", None), None
         if claim is not None:
             os.close(claim)

@@ -1,0 +1,14 @@
+"""The read-ahead of a remote root (design §15): one thread per rank fetches, in the order the
+sampler and the dataset's partner sources plan, the objects this rank will read, into a
+node-local folder of copies that every reader of the store is routed through.
+
+- ``start.py``: the plan of reads (``epoch_reads``) and ``start_read_ahead``, which sizes,
+  claims and starts it; the datamodule calls ``start_train_read_ahead`` with the train loader.
+- ``budget.py``: how much it may hold (``dataset.remote.cache_bytes``) and where.
+- ``working_set.py``: what the planned epochs keep live at once, and the lead.
+- ``object_cache.py``: the copies (claimed, budgeted, evicted only by the fetcher).
+- ``fetcher.py``: ``ReadAhead``, the thread.
+
+Above ``storage/`` (which it reads through) and below the datamodule; nothing here imports
+torch.
+"""

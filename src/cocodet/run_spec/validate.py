@@ -1,0 +1,66 @@
+"""Config validation, once, at start, beside the run specification: what the groups' structured
+configs (``schemas.py``) cannot express. Every user-settable value the code relies on is checked
+against its rule (``cocodet.schema``: ranges, and the words each choice is refused with), and
+every key against the keys its group declares (a ``+`` override passes Hydra's own check).
+
+Hydra composes strings, numbers and nulls without knowing what they mean; a negative batch
+size or ``image_size=0`` would otherwise fail deep inside a library (or not at all). Each
+rule names the key, the value and what is allowed, in one line a user can act on.
+"""
+
+from __future__ import annotations
+
+import difflib
+from enum import Enum
+
+from omegaconf import DictConfig, OmegaConf
+
+from cocodet.credentials import ADVICE, credential_keys
+from cocodet.errors import ConfigError
+from cocodet.run_spec.schemas import SCHEMAS, declared_keys
+from cocodet.schema import DATASET_KEYS, MODES, RULES, show
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError for a key its group does not declare, or for the first value outside
+    its rule (keys absent from this config are skipped)."""
+    if cfg.get("mode") not in MODES:
+        raise ConfigError(f"mode={show(cfg.get('mode'))} is not allowed: expected one of {', '.join(MODES)}")
+    for group, declared in (("dataset", DATASET_KEYS), *((g, declared_keys(g)) for g in SCHEMAS)):
+        undeclared(group, set(cfg.get(group) or {}), declared)
+    # Unresolved: a value from ${oc.env:...} (the environment) is allowed, a literal one is not.
+    secrets = credential_keys(OmegaConf.to_container(cfg.dataset.get("storage_options") or {}, resolve=False),
+                              "dataset.storage_options") if cfg.get("dataset") else []
+    mlflow = (cfg.get("logger") or {}).get("mlflow")
+    secrets += credential_keys(OmegaConf.to_container(mlflow, resolve=False), "logger.mlflow") if mlflow else []
+    if secrets:
+        raise ConfigError(f"{', '.join(secrets)}: a credential in the config (Hydra writes it to .hydra/config.yaml): "
+                          f"{ADVICE}")
+    for rule in RULES:
+        value = OmegaConf.select(cfg, rule.key, default=_ABSENT, throw_on_missing=False)
+        if value is not _ABSENT:
+            rule.validate(plain(value))
+
+
+def undeclared(group: str, keys: set[str], declared: tuple[str, ...]) -> None:
+    """Refuse a key ``group`` does not declare, naming the closest declared one: a typo appended
+    with ``+`` (which Hydra lets past a structured config) would otherwise be ignored."""
+    unknown = sorted(keys - set(declared))
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        closest = difflib.get_close_matches(key, declared, n=1, cutoff=0.6)
+        named.append(f"{group}.{key}" + (f" (did you mean {group}.{closest[0]}?)" if closest else ""))
+    raise ConfigError(f"unknown {group} key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: the {group} group takes "
+                      f"{', '.join(k for k in declared if k != '_target_')} (a typo, or a key for another group?)")
+
+
+def plain(value):
+    """A config value as a rule sees it: containers as Python, a schema's choice as its string."""
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, enum_to_str=True)
+    return value.value if isinstance(value, Enum) else value
+
+
+_ABSENT = object()
