@@ -257,6 +257,7 @@ class CocoDataModule(L.LightningDataModule):
             self.window_cache = None
         if self.read_ahead is not None:
             self.read_ahead.stop()
+            self.train_set.reader.copies = None  # its copies' folder is given back: read the store again
             self.read_ahead_record = self.read_ahead.summary()
             self.read_ahead = None
 

@@ -12,7 +12,8 @@ With a trainer, the reader's answers are checked against the trainer's (``check_
 multi-process run ends in order (``finish_ranks``): the trainer is any object with Lightning's
 rank attributes, so nothing is imported for it.
 
-Bottom layer: imports nothing of cocodet, and not torch (``mode=plan`` never imports it).
+Bottom layer: imports nothing of cocodet, and torch only to count the GPUs of ``devices=auto`` on a
+CUDA host (``mode=plan`` on a CPU never imports it).
 """
 
 from __future__ import annotations
@@ -58,6 +59,33 @@ def read_ranks(devices: int = 1, num_nodes: int = 1, environ: Mapping[str, str] 
         if detect(env):
             return read(env, devices, num_nodes)
     return _lightning(env, devices, num_nodes)
+
+
+def processes_per_host(devices, cuda: bool) -> int:
+    """Processes a run starts on this host (they share its CPUs and /dev/shm), from Lightning's
+    ``devices``: a count, a list of device ids, or -1/"auto" (every GPU, else one process)."""
+    if isinstance(devices, bool):
+        return 1
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if str(devices) in ("-1", "auto"):
+        if cuda:
+            import torch
+
+            return max(1, torch.cuda.device_count())
+        return 1
+    if isinstance(devices, str) and devices.isdigit():
+        return max(1, int(devices))
+    try:
+        return max(1, len(list(devices)))
+    except TypeError:
+        return 1
+
+
+def trainer_ranks(devices, num_nodes, cuda: bool, environ: Mapping[str, str] | None = None) -> Ranks:
+    """:func:`read_ranks` for a trainer's own ``devices`` (a count, a list of device ids, or
+    -1/"auto") and ``num_nodes``; ``cuda``: its accelerator uses CUDA."""
+    return read_ranks(processes_per_host(devices, cuda), int(num_nodes or 1), environ)
 
 
 def _int(env: Mapping[str, str], key: str, default: int = 0) -> int:

@@ -44,6 +44,7 @@ class ImageReader:
         self.index, self.recipe = index, recipe
         self.pixel_cache, self.max_image_pixels = pixel_cache, max_image_pixels
         self.window_cache = None  # set by the dataset's use_window, in the main process before workers fork
+        self.copies = None  # a remote split's read-ahead copies (read_ahead/start.py), set before workers fork
         self.bad: dict[int, BadSampleError] = {}
 
     def read(self, k: int, position: int | None, reads: CallReads, timings: np.ndarray) -> Source:
@@ -113,4 +114,4 @@ class ImageReader:
                 timings[READ] += time.perf_counter() - t0
         timings[DECODES] += 1
         return load_resized(self.index, k, self.recipe.decode_size, timings, self.max_image_pixels,
-                            self.recipe.min_box_side, dst_for)
+                            self.recipe.min_box_side, dst_for, self.copies)

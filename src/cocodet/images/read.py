@@ -30,24 +30,25 @@ class Source(NamedTuple):
     scale: float
 
 
-def read_file(index: CocoIndex, k: int) -> tuple[str, int, bytes]:
-    """(path, image id, file bytes) of image k; BadSampleError for a refused or unreadable file."""
+def read_file(index: CocoIndex, k: int, via=None) -> tuple[str, int, bytes]:
+    """(path, image id, file bytes) of image k; BadSampleError for a refused or unreadable file.
+    ``via``: the read-ahead's copies, tried first for an object (``storage/store.read_bytes``)."""
     path, image_id = str(index.paths[k]), int(index.image_ids[k])
     if index.problems[k]:
         raise BadSampleError(path or "<outside root>", image_id, str(index.problems[k]))
     try:
-        return path, image_id, read_bytes(path)
+        return path, image_id, read_bytes(path, via)
     except OSError as e:  # a missing or unreadable file or object; a store that refuses the run raises StoreError
         raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
 
 
 def read_decoded(index: CocoIndex, k: int, max_pixels: int, fit: int | None,
-                 timings: np.ndarray | None) -> Decoded:
+                 timings: np.ndarray | None, via=None) -> Decoded:
     """Image k read and decoded through :func:`decode_checked` (``fit``: the reduced JPEG
     decode); ``timings`` (read, decode) in seconds accumulate in place when given. Raises
     BadSampleError naming file, image id and reason."""
     t0 = time.perf_counter()
-    path, image_id, data = read_file(index, k)
+    path, image_id, data = read_file(index, k, via)
     t1 = time.perf_counter()
     try:
         decoded = decode_checked(data, (int(index.sizes[k][0]), int(index.sizes[k][1])), max_pixels, fit)
@@ -60,9 +61,10 @@ def read_decoded(index: CocoIndex, k: int, max_pixels: int, fit: int | None,
 
 
 def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None,
-             max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0,
+             via=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Image k at its stored size: (rgb image, xyxy boxes clipped to it, labels)."""
-    image = read_decoded(index, k, max_pixels, None, timings).image
+    image = read_decoded(index, k, max_pixels, None, timings, via).image
     h, w = image.shape[:2]
     return (image, *clip_targets(index, k, h, w, min_box_side))
 
@@ -80,19 +82,20 @@ def clip_targets(index: CocoIndex, k: int, h: int, w: int, min_side: float = 1.0
 
 
 def load_resized(index: CocoIndex, k: int, size: int | None, timings: np.ndarray | None = None,
-                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0, dst_for=None) -> Source:
+                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0, dst_for=None,
+                 via=None) -> Source:
     """Image k at the working resolution (long side ``size``): a reduced JPEG decode when the
     image is at least 2x larger, then the one letterbox resize (counted as decode time).
     ``size`` None: the stored pixels, untouched (the reference presets). ``dst_for``: where the
-    resize writes (``letterbox_resize``).
+    resize writes (``letterbox_resize``); ``via``: the read-ahead's copies (:func:`read_file`).
 
     The pixel cache stores exactly this output, so cached and uncached runs see the same pixels.
     """
     if size is None:
-        image, boxes, labels = load_raw(index, k, timings, max_pixels, min_box_side)
+        image, boxes, labels = load_raw(index, k, timings, max_pixels, min_box_side, via)
         return Source(image, boxes, labels, tuple(image.shape[:2]), 1.0)
 
-    decoded = read_decoded(index, k, max_pixels, size, timings)
+    decoded = read_decoded(index, k, max_pixels, size, timings, via)
     t_resize = time.perf_counter()
     resized, r = letterbox_resize(decoded.image, size, dst_for)
     if timings is not None:

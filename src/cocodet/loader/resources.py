@@ -97,22 +97,3 @@ def uses_cuda(accelerator: str) -> bool:
     return torch.cuda.is_available()
 
 
-def local_ranks(devices, cuda: bool) -> int:
-    """Processes a run starts on this host (they share its CPUs and /dev/shm), from Lightning's
-    ``devices``: a count, a list of device ids, or -1/"auto" (every GPU, else one process)."""
-    if isinstance(devices, bool):
-        return 1
-    if isinstance(devices, int) and devices > 0:
-        return devices
-    if str(devices) in ("-1", "auto"):
-        if cuda:
-            import torch
-
-            return max(1, torch.cuda.device_count())
-        return 1
-    if isinstance(devices, str) and devices.isdigit():
-        return max(1, int(devices))
-    try:
-        return max(1, len(list(devices)))
-    except TypeError:
-        return 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 
-from cocodet import schema
 from cocodet.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -19,7 +18,6 @@ def worker_request(policy: str, num_workers: int | None, inherit_from: list[str]
     (a preset or experiment file, or a scheduler variable for ``loader=inherited``) is
     inherited. ``auto`` without a count computes its own (count None).
     """
-    schema.check("loader.policy", policy)
     named_here = any(o.lstrip("+~").split("=", 1)[0] == "loader.num_workers" for o in overrides)
     if policy == "explicit":
         if num_workers is None:

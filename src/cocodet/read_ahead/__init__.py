@@ -1,6 +1,8 @@
 """The read-ahead of a remote root (design §15): one thread per rank fetches, in the order the
 sampler and the dataset's partner sources plan, the objects this rank will read, into a
-node-local folder of copies that every reader of the store is routed through.
+node-local folder of copies. The train dataset's image reader reads the split through them
+(``data/image_reader.py``'s ``copies``, handed to ``storage/store.read_bytes`` as ``via``): no
+module-level switch routes reads, so nothing else a process reads goes through them.
 
 - ``start.py``: the plan of reads (``epoch_reads``) and ``start_read_ahead``, which sizes,
   claims and starts it; the datamodule calls ``start_train_read_ahead`` with the train loader.

@@ -49,7 +49,7 @@ def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None
     budget = read_ahead_budget(folder, cache_bytes, local_ranks, objects, concurrency, working[1], own=mine)
     cache = ObjectCache(mine, objects, budget["rank_budget_bytes"])
     cache.folder_claim = claim  # held (open) for the run: the folder is this run's
-    storage.use_object_cache(cache)  # before the workers fork: they read the copies
+    dataset.reader.copies = cache  # before the workers fork: their reads of the split go through the copies
     read_ahead = ReadAhead(cache, paths, partial(epoch_reads, sampler, dataset), budget["rank_budget_bytes"],
                             concurrency, lead_samples, end=end)
     read_ahead.start(epoch, skip_samples, plans)

@@ -12,9 +12,9 @@ from cocodet.compat import current_targets
 from cocodet.run_spec.validate import validate
 from cocodet.loader.flat_layout import batch_bytes, round_up
 from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-from cocodet.loader.resources import local_ranks, uses_cuda
+from cocodet.loader.resources import uses_cuda
 from cocodet.loader.worker_request import worker_request
-from cocodet.ranks import read_ranks
+from cocodet.ranks import trainer_ranks
 from cocodet.run_spec.records import DatasetSpec, LoaderSpec, ModelSpec, RecipeSpec, RunSpec, StorageSpec, TrainerSpec
 from cocodet.transforms.augment import Mosaic, partner_source
 from cocodet.transforms.recipe import Recipe
@@ -31,7 +31,7 @@ def read_spec(cfg: DictConfig) -> RunSpec:
     validate(cfg)
     tree = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)  # which groups and keys this config has
     trainer = _trainer(cfg)
-    ranks = read_ranks(local_ranks(trainer.args.get("devices", 1), trainer.cuda), int(trainer.args.get("num_nodes") or 1))
+    ranks = trainer_ranks(trainer.args.get("devices", 1), trainer.args.get("num_nodes"), trainer.cuda)
     recipe, dataset = _recipe(cfg), _dataset(cfg)
     return RunSpec(mode=str(cfg.mode), seed=int(cfg.seed), run_dir=Path(str(cfg.output_dir)), ranks=ranks,
                    recipe=recipe, loader=_loader(cfg, recipe, ranks.world_size), dataset=_datamodule(dataset, recipe),

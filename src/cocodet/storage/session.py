@@ -50,7 +50,6 @@ _counts = None  # multiprocessing.Array of COUNTS (no lock of its own), shared w
 _down_since = None
 # Both guarded by one SharedLock, which the kernel releases if a worker is killed inside it.
 _lock = None
-_object_cache = None  # the node-local read-ahead cache (read_ahead/object_cache.py), when one is in use
 
 
 def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retries: int = 5,
@@ -59,12 +58,11 @@ def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retr
     (``rank``: this process's global rank, read once by ``cocodet/ranks.py``; None keeps the one
     configured before, as the datamodule's own call does; ``read_ahead``:
     the remote group's read-ahead keys, used by ``read_ahead/start.py``)."""
-    global _settings, _counts, _object_cache, _down_since, _lock
+    global _settings, _counts, _down_since, _lock
     options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
     _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s),
                               _settings.rank if rank is None else int(rank))
     _filesystems.clear()
-    _object_cache = None
     if _counts is None:
         import multiprocessing
 
@@ -123,18 +121,6 @@ def counts() -> dict[str, float]:
         return dict.fromkeys(COUNTS, 0.0)
     with _lock:
         return {name: _counts[k] for k, name in enumerate(COUNTS)}
-
-
-def use_object_cache(cache) -> None:
-    """Route reads of remote objects through ``cache`` (``cache.read(url) -> bytes | None``):
-    set in the main process before the workers fork."""
-    global _object_cache
-    _object_cache = cache
-
-
-def object_cache():
-    """The read-ahead cache :func:`use_object_cache` set, or None."""
-    return _object_cache
 
 
 def settings() -> StoreSettings:

@@ -18,20 +18,22 @@ from cocodet.storage.errors import (  # noqa: F401  (re-exported: the errors rea
     TRANSIENT, StoreAccessError, StoreDown, StoreError, StoreTimeout, StoreTransient, StoreUnreachable, bucket_of,
     classified, redact)
 from cocodet.storage.session import (  # noqa: F401  (re-exported: what readers configure and count)
-    call, check_store_up, configure, count, counts, down_for, object_cache, settings, use_object_cache)
+    call, check_store_up, configure, count, counts, down_for, settings)
 from cocodet.storage.urls import is_remote, join  # noqa: F401  (re-exported: every reader tells URLs apart)
 
 
-def read_bytes(path: str | os.PathLike) -> bytes:
-    """Every byte of the file or object at ``path``: the one reader of image bytes.
+def read_bytes(path: str | os.PathLike, via=None) -> bytes:
+    """Every byte of the file or object at ``path``: the one reader of image bytes. ``via``: for
+    an object, a reader tried first (the read-ahead's copies, ``read_ahead/object_cache.py``:
+    ``via.read(url) -> bytes | None``, None for an object it does not hold).
 
     Raises FileNotFoundError / OSError for a missing or unreadable file or object (a bad
     sample to the caller), :class:`StoreError` for a store that cannot serve the run."""
     if not is_remote(path):
         with open(path, "rb") as f:
             return f.read()
-    if object_cache() is not None:
-        data = object_cache().read(str(path))  # the read-ahead's copy, or a counted direct GET (a miss)
+    if via is not None:
+        data = via.read(str(path))  # the read-ahead's copy, or a counted direct GET (a miss)
         if data is not None:
             return data
     return get_object(str(path))
