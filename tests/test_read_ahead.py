@@ -110,7 +110,7 @@ def test_a_read_ahead_that_breaks_is_said_and_the_run_goes_on(store, tmp_path, m
     """A plan that raises on the read-ahead thread (epoch 2 is planned there, while epoch 0
     runs) ends the read-ahead with a warning that says what happened; the bench finishes, the
     workers reading what the thread would have fetched."""
-    from cocodet.storage import read_ahead as prefetch
+    from cocodet.read_ahead import start as prefetch
 
     real = prefetch.epoch_reads
 

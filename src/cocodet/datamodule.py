@@ -263,7 +263,7 @@ class CocoDataModule(L.LightningDataModule):
 
     def remote_summary(self) -> dict | None:
         """What the store served this process and its workers (``summary.json``'s ``remote``)."""
-        if not is_remote(self.root):
+        if not is_remote(self.train_store["root"]):
             return None
         counts = storage_counts()
         samples = max(1, self.samples_consumed)
