@@ -163,7 +163,7 @@ class CocoDataModule(L.LightningDataModule):
         self.val_index, self.val_ann_file = self.train_index, self.train_ann_file
         self.val_set = DetectionDataset(self.train_index, self.eval_recipe, self.seed,
                                         self.train_set.on_bad_sample, reuse_outputs=True,
-                                        max_image_pixels=self.train_set.max_image_pixels)
+                                        max_image_pixels=self.max_image_pixels)
 
     @property
     def plan(self) -> LoaderPlan:
