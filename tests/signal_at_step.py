@@ -275,3 +275,16 @@ class PauseAtStep(L.Callback):
             deadline = time.monotonic() + self.seconds
             while time.monotonic() < deadline and not (self.until and os.path.exists(self.until)):
                 time.sleep(0.1)
+
+
+class SignalGroupAtStep(L.Callback):
+    """Send a signal to this process's whole group after a given optimizer step, as a terminal's
+    Ctrl-C does: the main process and its DataLoader workers (run train.py in a session of its
+    own, so the group is the run's alone)."""
+
+    def __init__(self, step: int, signal_name: str = "SIGINT"):
+        self.step, self.signum = step, getattr(signal, signal_name)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.killpg(os.getpgid(0), self.signum)

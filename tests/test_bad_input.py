@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -12,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import REPO
 from cocodet.transforms.augment import Basic, Mosaic
 from cocodet.coco.index import DatasetConfigError, build_index
 from cocodet.errors import BadSampleError
@@ -197,3 +200,36 @@ def test_symlink_out_of_root_is_refused(ds, tmp_path):
     path_of(root, data, 0).symlink_to(outside)
     index = build_index(root / "images", write(root, data))
     assert "outside the image root" in index.problems[0]
+
+
+def verify_only(root: Path, ann: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    """``mode=verify`` on a dataset whose two splits are the same folder and annotation file."""
+    return subprocess.run([sys.executable, str(REPO / "train.py"), "mode=verify", "dataset=coco", f"dataset.root={root}",
+                           "dataset.train_images=images", f"dataset.train_ann={ann.name}", "dataset.val_images=images",
+                           f"dataset.val_ann={ann.name}", f"hydra.run.dir={run_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_verify_alone_names_the_bad_files_and_trains_nothing(ds, tmp_path):
+    root, data = ds
+    corrupt("truncated", root, data)
+    path_of(root, data, 1).write_bytes(b"<html>this is not an image</html>" * 10)
+    proc = verify_only(root, write(root, data), tmp_path / "run")
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr[-3000:]
+    assert "4 image(s)" in err[0] and data["images"][0]["file_name"] in err[0] and "truncated JPEG" in err[0], err
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["mode"] == "verify" and summary["problems"] == {"train": 2, "val": 2}, summary
+    report = json.loads((tmp_path / "run" / "verify.json").read_text())
+    assert {p["file"].rsplit("/", 1)[-1] for p in report["train"]} == {data["images"][k]["file_name"] for k in (0, 1)}
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_verify_alone_passes_a_clean_dataset_without_training(coco_tiny, tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "mode=verify", "dataset=coco",
+                           f"dataset.root={coco_tiny}", f"hydra.run.dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["problems"] == {"train": 0, "val": 0} and summary["train_images"] == 80, summary
+    assert (tmp_path / "verify.json").is_file() and not (tmp_path / "checkpoints").exists()

@@ -252,7 +252,7 @@ def test_your_own_data_and_the_gpu_commands_run_as_written(user_folder):
             extra = ["debug=fast", *SMALL, "model.detector.fpn_channels=64"]
         proc = run_user_command(command, work, swaps, extra)
         assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
-        if "dataset.verify=true" in command:
+        if "mode=verify" in command:
             assert list(work.glob("outputs/*/*/verify.json")), "verify wrote no report"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -59,6 +60,27 @@ def test_sigterm_mid_epoch_then_resume_at_other_workers_is_exact(coco_tiny, tmp_
     assert resumed.keys() == reference.keys()
     different = [k for k in reference if not torch.equal(resumed[k], reference[k])]
     assert not different, f"weights differ after an exact resume: {different[:5]}"
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_epoch_0_keeps_the_work_and_resumes_exactly(coco_tiny, tmp_path, uninterrupted):
+    """A terminal's Ctrl-C (SIGINT to the run's whole process group, its workers too) in epoch 0:
+    resume.ckpt at the step's boundary, a summary that says `interrupted` and holds no numbers of
+    a validation that never ran, exit status 130; `ckpt_path=last` in the same folder then ends
+    with the uninterrupted run's stream digest."""
+    run_dir = tmp_path / "run"
+    ctrl_c = ["+callbacks.ctrl_c._target_=signal_at_step.SignalGroupAtStep", "+callbacks.ctrl_c.step=5"]
+    proc, first = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=2", *ctrl_c), run_dir, env=ENV,
+                            prefix=["setsid", "-w"], check=False, timeout=900)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert first["status"] == "interrupted" and first["steps"] == 5, first
+    assert first["map"] is None and first["map50"] is None and first["best_map"] is None, first  # never validated
+    assert (run_dir / "checkpoints" / "resume.ckpt").is_file()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    assert "ckpt_path=last" in proc.stderr and "DataLoader worker" not in proc.stderr
+    second = run_in_process(args(coco_tiny, "loader=explicit", "loader.num_workers=2", "ckpt_path=last"), run_dir)
+    assert second["status"] == "completed" and second["steps"] == 3 * STEPS_PER_EPOCH
+    assert second["stream_digest"] == uninterrupted["stream_digest"]
 
 
 # A random step whose last checkpoint is mid-epoch, and one whose last checkpoint closed an

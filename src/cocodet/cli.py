@@ -46,13 +46,16 @@ def task(cfg: DictConfig) -> dict:
     from cocodet.errors import UserError
 
     try:
-        return run(cfg)
+        summary = run(cfg)
     except UserError as e:
         _exit_user_error(e)
     except InstantiationException as e:
         if isinstance(e.__cause__, UserError):  # raised inside a constructor built from config
             _exit_user_error(e.__cause__)
         raise
+    if summary.get("status") == "interrupted":  # Ctrl-C: the summary is written; a shell's 128 + SIGINT
+        sys.exit(130)
+    return summary
 
 
 def _exit_user_error(error: BaseException) -> None:

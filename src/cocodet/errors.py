@@ -5,11 +5,13 @@ traceback. :class:`BadSampleError` is the one error that is not the user's: an i
 annotation that cannot be used, which ``dataset.on_bad_sample`` decides about.
 """
 
-# Every value of a training summary's ``status``: how the run ended. ``completed`` and
-# ``preempted`` (SIGTERM) come from ``modes/train.py``; the others are the ``status`` of the
-# RunStopped that ended the run (``store_down`` is storage's StoreDown). README "Watching a run"
-# and design §2 list them; tests/test_readme.py checks both lists and every status set in src/.
-RUN_STATUSES = ("completed", "preempted", "store_down", "disk_full", "diverged", "collapsed", "nonfinite")
+# Every value of a training summary's ``status``: how the run ended. ``completed``,
+# ``preempted`` (SIGTERM) and ``interrupted`` (Ctrl-C) come from ``modes/train.py``; the others
+# are the ``status`` of the RunStopped that ended the run (``store_down`` is storage's
+# StoreDown). README "Watching a run" and design §2 list them; tests/test_readme.py checks both
+# lists and every status set in src/.
+RUN_STATUSES = ("completed", "preempted", "interrupted", "store_down", "disk_full", "diverged", "collapsed",
+                "nonfinite")
 
 
 class UserError(Exception):

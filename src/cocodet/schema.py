@@ -14,7 +14,7 @@ from typing import Any, Callable
 from cocodet.errors import ConfigError
 
 # The modes train.py runs (``modes/__init__.py`` maps each to its function).
-MODES = ("train", "bench", "plan", "preview", "eval", "predict", "export")
+MODES = ("train", "bench", "plan", "preview", "eval", "predict", "export", "verify")
 LOADER_POLICIES = ("auto", "explicit", "inherited")
 ON_BAD_SAMPLE = ("raise", "skip")
 ON_FAILURE = ("replan", "raise")

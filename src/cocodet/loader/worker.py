@@ -8,6 +8,7 @@ per-sample generators, design §5); seeding them keeps user code in workers repr
 from __future__ import annotations
 
 import random
+import signal
 
 import cv2
 import numpy as np
@@ -17,6 +18,9 @@ from cocodet.loader.hang import register_stack_dump
 
 
 def worker_init_fn(worker_id: int) -> None:
+    # A Ctrl-C in a terminal reaches every process of its group: the main process decides
+    # (resume.ckpt, then stop); a worker that died of it would read as a loader failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # N workers each running a full intra-op pool oversubscribe the cores N-fold.
     torch.set_num_threads(1)
     cv2.setNumThreads(0)  # OpenCV's own pool deadlocks/oversubscribes under fork

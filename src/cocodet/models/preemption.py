@@ -1,5 +1,7 @@
 """Preemption: on SIGTERM (spot hosts, SLURM), save a mid-epoch checkpoint at the next batch
-boundary, then let Lightning end the run; and ``ckpt_path=last`` to find it again.
+boundary, then let Lightning end the run; and ``ckpt_path=last`` to find it again. The first
+Ctrl-C (SIGINT) is taken the same way (the run ends ``interrupted``, exit status 130); a second
+one stops at once.
 
 Lightning's own SIGTERM notifier sets ``trainer.received_sigterm`` and raises
 ``SIGTERMException`` after the current batch's hooks; this callback writes the checkpoint in
@@ -12,6 +14,8 @@ its own ``hpc_ckpt_*.ckpt`` in the run directory; ``ckpt_path=last`` finds those
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from pathlib import Path
 
 import lightning as L
@@ -38,11 +42,33 @@ class PreemptionCheckpoint(L.Callback):
         self.dirpath, self.every_n_steps = Path(dirpath), int(every_n_steps)
         self.saved_path: str | None = None
         self.preempted = False
+        self.interrupted = False  # a Ctrl-C, taken as SIGTERM
+        self._sigint = None  # the SIGINT handler before the run's own (restored when it ends)
 
     def _save(self, trainer: L.Trainer) -> None:
         path = self.dirpath / self.FILENAME
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: optimizer, loops, stream position
         self.saved_path = str(path)
+
+    def on_train_start(self, trainer, pl_module):
+        """Take the first Ctrl-C as a SIGTERM, through Lightning's own SIGTERM path (registered
+        by now): the step in progress ends, resume.ckpt is written at its boundary, and the run
+        ends ``interrupted``. The default handler is back at once, so a second Ctrl-C raises
+        KeyboardInterrupt wherever the run is."""
+        if self._sigint is None:
+            self._sigint = signal.signal(signal.SIGINT, self._first_interrupt)
+
+    def _first_interrupt(self, signum, frame) -> None:
+        self.interrupted = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        log.warning("Ctrl-C: the run stops after this step, saving %s (Ctrl-C again stops at once, without it)",
+                    self.dirpath / self.FILENAME)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def teardown(self, trainer, pl_module, stage):
+        if self._sigint is not None:
+            signal.signal(signal.SIGINT, self._sigint)
+            self._sigint = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.received_sigterm:
@@ -63,8 +89,8 @@ class PreemptionCheckpoint(L.Callback):
         if not self.preempted:
             self.preempted = True
             self._save(trainer)
-            log.warning("SIGTERM: saved %s at step %d (epoch %d)", self.saved_path, trainer.global_step,
-                        trainer.current_epoch)
+            log.warning("%s: saved %s at step %d (epoch %d)", "Ctrl-C" if self.interrupted else "SIGTERM",
+                        self.saved_path, trainer.global_step, trainer.current_epoch)
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:

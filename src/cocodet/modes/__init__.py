@@ -17,4 +17,5 @@ MODE_TABLE = {
     "eval": "cocodet.modes.checkpoint:evaluate",
     "predict": "cocodet.modes.checkpoint:predict",
     "export": "cocodet.modes.checkpoint:export",
+    "verify": "cocodet.modes.verify:verify",
 }

@@ -33,12 +33,18 @@ def partner_words(spec: RunSpec) -> str:
     return ""
 
 
-def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> dict:
+def dataset_indexes(spec: RunSpec):
+    """(train, val) indexes of the run's dataset, as training builds them (cached, synthetic made)."""
     from cocodet.coco.splits import load_splits
 
     d = spec.dataset.options
-    train, val = load_splits(d["root"], d["train_images"], d["train_ann"], d["val_images"], d["val_ann"],
-                             d["keep_empty"], d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"))
+    return load_splits(d["root"], d["train_images"], d["train_ann"], d["val_images"], d["val_ann"], d["keep_empty"],
+                       d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"))
+
+
+def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> dict:
+    d = spec.dataset.options
+    train, val = dataset_indexes(spec)
     if d.get("verify"):
         from cocodet.images.verify import verify_indexes
 

@@ -68,8 +68,8 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     if status == "completed":
         stopped = unusable_end(trainer, module, saves_checkpoints=bool(checkpoints) or preemption is not None)
         status = stopped.status if stopped is not None else status
-    if status == "preempted":
-        report_preemption(trainer, preemption)
+    if status in ("preempted", "interrupted"):
+        report_preemption(trainer, preemption, status)
     timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
     metrics = module.last_metrics or {}
     best = best_checkpoint.best_model_score if best_checkpoint else None
@@ -78,7 +78,8 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     summary = {
         "mode": "train",
         "status": status,
-        **{k: round(float(metrics.get(k, 0.0)), 4) for k in STAT_NAMES},
+        # A run that never validated (stopped in its first epoch) has no numbers: nulls, not zeros.
+        **{k: round(float(metrics[k]), 4) if k in metrics else None for k in STAT_NAMES},
         "best_map": round(float(best), 4) if best is not None else None,
         "epochs": int(trainer.current_epoch),
         "steps": int(trainer.global_step),
@@ -125,6 +126,8 @@ def _run_fit(trainer: L.Trainer, module, datamodule, ckpt_path: str | None,
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only if ckpt_path else None)
     except SIGTERMException:
         close_progress_bars(trainer)
+        if any(getattr(c, "interrupted", False) for c in trainer.callbacks):  # Ctrl-C, taken as SIGTERM
+            return "interrupted", None
         return "preempted", None
     except RunStopped as e:  # a full disk, a health stop: the summary still reaches stdout, then one error line
         close_progress_bars(trainer)
@@ -155,12 +158,12 @@ def with_summary(stopped: RunStopped, summary: dict) -> RunStopped:
     return stopped
 
 
-def report_preemption(trainer: L.Trainer, preemption: PreemptionCheckpoint | None) -> None:
-    """The log line and the resume command of a preempted run."""
+def report_preemption(trainer: L.Trainer, preemption: PreemptionCheckpoint | None, status: str = "preempted") -> None:
+    """The log line and the resume command of a preempted (or interrupted) run."""
     saved = preemption.saved_path if preemption else None
-    log.warning("preempted at step %d (epoch %d); %s", trainer.global_step, trainer.current_epoch,
+    log.warning("%s at step %d (epoch %d); %s", status, trainer.global_step, trainer.current_epoch,
                 f"saved {saved}" if saved else "no checkpoint was written (no PreemptionCheckpoint callback)")
-    sys.stderr.write(f"preempted at step {trainer.global_step}: resume with the same command plus "
+    sys.stderr.write(f"{status} at step {trainer.global_step}: resume with the same command plus "
                      f"ckpt_path=last hydra.run.dir={Path(trainer.default_root_dir).resolve()}\n")
 
 

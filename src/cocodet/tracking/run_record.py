@@ -14,7 +14,7 @@ from cocodet.tracking.guard import redact
 
 # How each summary status ends the MLflow run (errors.RUN_STATUSES): a run stopped from outside
 # (a preemption, a store that went away) can be resumed, so KILLED; the run's own failures FAILED.
-MLFLOW_STATUS = {"completed": "FINISHED", "preempted": "KILLED", "store_down": "KILLED",
+MLFLOW_STATUS = {"completed": "FINISHED", "preempted": "KILLED", "interrupted": "KILLED", "store_down": "KILLED",
                  "diverged": "FAILED", "collapsed": "FAILED", "disk_full": "FAILED", "nonfinite": "FAILED"}
 PARAM_VALUE_MAX = 6000  # MLflow refuses longer parameter values
 PARAM_BATCH = 100       # and more than 100 parameters in one log_batch
