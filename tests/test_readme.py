@@ -173,7 +173,7 @@ def test_option_lists_in_prose_are_the_programs():
     from cocodet.errors import RUN_STATUSES
 
     assert re.findall(r"`(\w+)`", design.split("`last_ckpt`, `status`", 1)[1].split("`health`", 1)[0]) == [
-        "completed", "preempted", "store_down", "disk_full", "diverged", "collapsed", "nonfinite"] == list(RUN_STATUSES)
+        "completed", "preempted", "interrupted", "store_down", "disk_full", "diverged", "collapsed", "nonfinite"] == list(RUN_STATUSES)
     stale = README.read_text().replace("`ssd300_vgg16`, `ssdlite320", "`ssdlite320")
     assert list_mismatches(stale) == ["Models `augment=ssd|ssdlite` take: ['ssdlite320_mobilenet_v3_large'] != "
                                       "['ssd300_vgg16', 'ssdlite320_mobilenet_v3_large']"]
@@ -185,7 +185,7 @@ def test_every_status_the_code_sets_is_listed():
     source = "\n".join(p.read_text() for p in (REPO / "src" / "cocodet").rglob("*.py"))
     set_here = set(re.findall(r'^    status = "(\w+)"', source, re.M)) - {"stopped"}  # RunStopped's own: never raised bare
     fit = (REPO / "src" / "cocodet" / "modes" / "train.py").read_text()
-    set_here |= set(re.findall(r'return "(\w+)", None', fit))  # completed / preempted
+    set_here |= set(re.findall(r'return "(\w+)", None', fit))  # completed / preempted / interrupted
     set_here |= set(re.findall(r'TrainingStopped\([^\n]*"(\w+)"\)', source))
     assert set_here == set(RUN_STATUSES), set_here ^ set(RUN_STATUSES)
 
