@@ -8,12 +8,12 @@ store's ETags are MD5s, see :meth:`ObjectCache._check`), then renamed into place
 claim is held: a reader sees a whole file or none, and a copy whose size is not the listing's
 is never served. A worker that finds no copy waits for the claimer if the object is being
 fetched, else claims and fetches it itself (a *miss*, counted), so an object is fetched once
-however many workers and the prefetcher want it.
+however many workers and the read-ahead thread want it.
 
 The budget is one counter in shared memory, which the rank's workers inherit: a copy is
 published only after its bytes were reserved there, so the folder never holds more than the
 budget, even when a worker runs ahead of the read-ahead (its copy is then not kept). The
-prefetcher (``read_ahead/fetcher.py``) alone evicts. Ranks on one host share ``cache_dir``, each in
+read-ahead thread (``read_ahead/fetcher.py:ReadAhead``) alone evicts. Ranks on one host share ``cache_dir``, each in
 a folder of its own (``local-rank-N``) with its share of ``cache_bytes``: no rank evicts what
 another counts.
 """
@@ -101,7 +101,7 @@ class ObjectCache:
     def fetch(self, url: str, miss: bool = False, reserved: bool = False) -> bytes:
         """Fetch the object unless another live process or thread holds its claim (then wait
         for its copy, for as long as the holder lives and the store answers), and publish it if
-        its bytes were ``reserved`` (the prefetcher) or fit now (a worker's miss); its bytes.
+        its bytes were ``reserved`` (the read-ahead thread) or fit now (a worker's miss); its bytes.
         A reservation not needed (the copy was there already) is given back."""
         part = self._part(url)
         while True:
