@@ -118,7 +118,7 @@ def test_every_summary_status_ends_the_mlflow_run_as_documented():
     from cocodet.tracking.run_record import MLFLOW_STATUS
 
     assert set(MLFLOW_STATUS) == set(RUN_STATUSES)
-    assert {s for s, m in MLFLOW_STATUS.items() if m == "KILLED"} == {"preempted", "store_down"}
+    assert {s for s, m in MLFLOW_STATUS.items() if m == "KILLED"} == {"preempted", "interrupted", "store_down"}
     assert {s for s, m in MLFLOW_STATUS.items() if m == "FAILED"} == {"diverged", "collapsed", "disk_full", "nonfinite"}
 
 
