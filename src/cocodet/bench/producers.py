@@ -9,7 +9,7 @@ import torch.utils.data
 
 from cocodet import schema
 from cocodet.bench.harness import spin
-from cocodet.sample import make_sample
+from cocodet.sample import SampleKey, make_sample
 
 
 class CostDataset(torch.utils.data.Dataset):
@@ -27,7 +27,8 @@ class CostDataset(torch.utils.data.Dataset):
         return self.size
 
     def __getitem__(self, key):
-        epoch, i = key if isinstance(key, tuple) else (0, int(key))
+        key = SampleKey.of(key)  # the sampler's key, or a bare index (epoch 0)
+        epoch, i = key.epoch, key.index
         t0 = time.perf_counter()
         if self.kind == "sleep":
             time.sleep(self.cost_ms / 1000.0)
