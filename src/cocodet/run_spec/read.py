@@ -29,16 +29,15 @@ def read_spec(cfg: DictConfig) -> RunSpec:
     naming the key), then read each group once."""
     current_targets(cfg)
     validate(cfg)
-    tree = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)  # which groups and keys this config has
     trainer = _trainer(cfg)
     ranks = trainer_ranks(trainer.args.get("devices", 1), trainer.args.get("num_nodes"), trainer.cuda)
-    recipe, dataset = _recipe(cfg), _dataset(cfg)
+    recipe, dataset = _recipe(cfg), _plain(cfg.dataset)
     return RunSpec(mode=str(cfg.mode), seed=int(cfg.seed), run_dir=Path(str(cfg.output_dir)), ranks=ranks,
                    recipe=recipe, loader=_loader(cfg, recipe, ranks.world_size), dataset=_datamodule(dataset, recipe),
                    storage=StorageSpec(dataset.get("storage_options") or {}, dict(dataset.get("remote") or {})),
                    model=_model(cfg, recipe), trainer=trainer, ckpt_path=cfg.get("ckpt_path"),
                    weights_only=bool(cfg.get("weights_only", True)),
-                   modes={m: _plain(cfg.get(m)) for m in MODE_GROUPS if m in tree}, config=cfg)
+                   modes={m: _plain(cfg.get(m)) for m in MODE_GROUPS}, config=cfg)
 
 
 def _plain(node) -> dict:
@@ -142,10 +141,6 @@ def _lr_words(cfg: DictConfig, batch: int, world: int) -> str | None:
     return (f"the reference's {scaling['reference_lr']:g} at global batch {scaling['reference_batch']} -> {lr:g} at "
             f"this run's {global_batch} ({world} rank(s) x loader.batch_size {batch} x accumulate_grad_batches "
             f"{accumulate})")
-
-
-def _dataset(cfg: DictConfig) -> dict:
-    return _plain(cfg.dataset)
 
 
 def _datamodule(dataset: dict, recipe: RecipeSpec) -> DatasetSpec:
