@@ -99,8 +99,7 @@ with initialize_config_dir(config_dir=__import__("os").path.abspath("conf"), ver
     for mode in MODES:
         for trainer in ("gpu", "ddp"):
             cfg = compose(config_name="config", overrides=[f"mode={mode}", f"trainer={trainer}", "output_dir=x"])
-            OmegaConf.to_container(cfg, resolve=True)
-            validate(cfg)
+            validate(cfg, OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 print(f"{len(MODES)} modes x trainer=gpu,ddp compose and validate")
 PY
 

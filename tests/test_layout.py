@@ -265,19 +265,18 @@ def test_old_target_paths_still_resolve(target):
 
 
 def test_an_old_target_is_mapped_with_one_warning_naming_the_new_path(caplog):
-    from omegaconf import OmegaConf
-
     from cocodet import compat
 
-    cfg = OmegaConf.create({"augment": {"_target_": "cocodet.data.augment.Mosaic"},
-                            "callbacks": {"timing": {"_target_": "cocodet.bench.callback.LoaderTimingCallback"}},
-                            "model": {"_target_": "cocodet.models.detector.DetectorModule"}})
+    tree = {"augment": {"_target_": "cocodet.data.augment.Mosaic"},
+            "callbacks": {"timing": {"_target_": "cocodet.bench.callback.LoaderTimingCallback"}},
+            "model": {"_target_": "cocodet.models.detector.DetectorModule"}}
     compat._warned.clear()
     with caplog.at_level("WARNING", logger="cocodet.compat"):
-        assert compat.current_targets(cfg) == ["augment._target_", "callbacks.timing._target_"]
-        compat.current_targets(OmegaConf.create({"augment": {"_target_": "cocodet.data.augment.Mosaic"}}))
-    assert cfg.augment._target_ == "cocodet.transforms.augment.Mosaic"
-    assert cfg.model._target_ == "cocodet.models.detector.DetectorModule"
+        assert compat.current_targets(tree) == ["augment._target_", "callbacks.timing._target_"]
+        compat.current_targets({"augment": {"_target_": "cocodet.data.augment.Mosaic"}})
+    assert tree["augment"]["_target_"] == "cocodet.transforms.augment.Mosaic"
+    assert tree["callbacks"]["timing"]["_target_"] == "cocodet.timing.callback.LoaderTimingCallback"
+    assert tree["model"]["_target_"] == "cocodet.models.detector.DetectorModule"
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "cocodet.transforms.augment.Mosaic" in lines[0], lines
 

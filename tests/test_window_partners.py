@@ -42,7 +42,7 @@ def test_partner_settings_resolve_one_way():
     with pytest.raises(ConfigError, match="contradict"):
         partner_source("dataset", None, 8)
     with pytest.raises(ConfigError, match="augment.partners"):
-        partner_source("windw", 48, None)
+        Mosaic(64, partners="windw", partner_window=48)
     m = Mosaic(64, partners="window", partner_window=16)
     assert (m.partner_window, m.partner_pool, m.partners_from) == (16, None, "window")
 

@@ -8,10 +8,6 @@ concern), imported when the mode runs, and take the spec.
 from __future__ import annotations
 
 import importlib
-import json
-import logging
-import sys
-from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -21,6 +17,7 @@ from cocodet.modes import MODE_TABLE
 from cocodet.modes.wiring import build_plan
 from cocodet.run_spec.read import read_spec
 from cocodet.storage import store as storage
+from cocodet.summary_file import write_summary
 
 
 def run(cfg: DictConfig) -> dict:
@@ -30,8 +27,9 @@ def run(cfg: DictConfig) -> dict:
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     raise_nofile_limit()
     plan, resources = build_plan(spec)
+    module, function = MODE_TABLE[spec.mode].split(":")  # the mode's module, imported only now
     try:
-        summary = mode_function(spec.mode)(spec, plan, resources)
+        summary = getattr(importlib.import_module(module), function)(spec, plan, resources)
     except RunStopped as e:  # a full disk, a diverged run: the summary as far as it got, then one error line (cli)
         if e.summary is not None and spec.ranks.global_rank == 0:
             write_summary(spec.run_dir, e.summary)
@@ -39,23 +37,3 @@ def run(cfg: DictConfig) -> dict:
     if spec.ranks.global_rank == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
         write_summary(spec.run_dir, summary)
     return summary
-
-
-def mode_function(mode: str):
-    """The function that runs ``mode`` (its module imported now)."""
-    module, name = MODE_TABLE[mode].split(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def write_summary(run_dir: Path, summary: dict) -> None:
-    """summary.json in the run dir, and the same object as the last line on stdout (design §2)."""
-    text = json.dumps(summary, default=str)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").write_text(text + "\n")
-    except OSError as e:  # a full or read-only disk: stdout still gets it
-        logging.getLogger(__name__).warning("summary.json not written in %s (%s); it follows on stdout", run_dir,
-                                            e.strerror or e)
-    sys.stdout.flush()
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()

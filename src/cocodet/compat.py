@@ -2,16 +2,14 @@
 re-export modules (design §1).
 
 A user's config copied from an older release may name a class by a path that moved. Before
-the config is read (``run_spec/read.py``), every ``_target_`` in it that this table knows is
-rewritten to the current path, and the first use of each old path in a process logs one
-warning naming the new one. Shipped configs name current paths (tests/test_layout.py).
+the config's groups are read (``run_spec/read.py``), every ``_target_`` in the plain tree that
+this table knows is rewritten to the current path, and the first use of each old path in a
+process logs one warning naming the new one. Shipped configs name current paths (tests/test_layout.py).
 """
 
 from __future__ import annotations
 
 import logging
-
-from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +31,15 @@ MOVED_TARGETS = {
 _warned: set[str] = set()
 
 
-def current_targets(cfg: DictConfig) -> list[str]:
-    """Rewrite, in place, each ``_target_`` of ``cfg`` that names a moved class; the keys
-    rewritten (``augment._target_``, ...)."""
+def current_targets(tree: dict) -> list[str]:
+    """Rewrite, in place, each ``_target_`` of ``tree`` (the config as plain Python) that names a
+    moved class; the keys rewritten (``augment._target_``, ...)."""
     rewritten = []
-    for key, old in _targets(OmegaConf.to_container(cfg, resolve=False), ""):
+    for key, node, old in _targets(tree, ""):
         new = MOVED_TARGETS.get(old) if isinstance(old, str) else None
         if new is None:
             continue
-        OmegaConf.update(cfg, key, new, merge=False)
+        node["_target_"] = new
         rewritten.append(key)
         if old not in _warned:
             _warned.add(old)
@@ -51,14 +49,14 @@ def current_targets(cfg: DictConfig) -> list[str]:
 
 
 def _targets(node, prefix: str):
-    """(dotted key, value) of every ``_target_`` under ``node``, a plain container."""
+    """(dotted key, the dict that holds it, value) of every ``_target_`` under ``node``, a plain
+    container (listed first: the rewrite changes the dicts)."""
+    found = []
     if isinstance(node, dict):
         for key, value in node.items():
             path = f"{prefix}.{key}" if prefix else str(key)
-            if key == "_target_":
-                yield path, value
-            else:
-                yield from _targets(value, path)
+            found += [(path, node, value)] if key == "_target_" else _targets(value, path)
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from _targets(value, f"{prefix}.{i}")
+            found += _targets(value, f"{prefix}.{i}")
+    return found

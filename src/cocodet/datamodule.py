@@ -31,7 +31,6 @@ from cocodet.images.verify import verify_indexes
 from cocodet.errors import UserError
 from cocodet.loader.build import build_loader
 from cocodet.loader.rank_share import RankOrder
-from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.flat_batch import FlatBatch, restore, to_device
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.replan import Replanner
@@ -204,14 +203,6 @@ class CocoDataModule(L.LightningDataModule):
 
     def _world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
-
-    @property
-    def stream_digest(self) -> str:
-        return self.stream.digest
-
-    @property
-    def position(self) -> StreamPosition | None:
-        return self.stream.position
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         position = self.stream.start(self._world_size())

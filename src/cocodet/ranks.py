@@ -82,10 +82,22 @@ def processes_per_host(devices, cuda: bool) -> int:
         return 1
 
 
-def trainer_ranks(devices, num_nodes, cuda: bool, environ: Mapping[str, str] | None = None) -> Ranks:
-    """:func:`read_ranks` for a trainer's own ``devices`` (a count, a list of device ids, or
-    -1/"auto") and ``num_nodes``; ``cuda``: its accelerator uses CUDA."""
-    return read_ranks(processes_per_host(devices, cuda), int(num_nodes or 1), environ)
+def trainer_ranks(trainer: Mapping, environ: Mapping[str, str] | None = None) -> tuple[Ranks, bool]:
+    """:func:`read_ranks` for a trainer's own arguments (``devices``: a count, a list of device
+    ids, or -1/"auto"; ``num_nodes``), and whether its accelerator uses CUDA."""
+    cuda = uses_cuda(trainer.get("accelerator", "auto"))
+    ranks = read_ranks(processes_per_host(trainer.get("devices", 1), cuda), int(trainer.get("num_nodes") or 1), environ)
+    return ranks, cuda
+
+
+def uses_cuda(accelerator: str) -> bool:
+    """Whether batches go to a CUDA device: a GPU accelerator (or auto) on a host that has one.
+    A CPU run answers without importing torch (``mode=plan`` stays fast)."""
+    if str(accelerator) not in ("gpu", "cuda", "auto"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _int(env: Mapping[str, str], key: str, default: int = 0) -> int:

@@ -1,12 +1,14 @@
 """The loader plan's arithmetic (design §3): what the host allows one rank's loaders, what a
-worker costs, and how many workers fit. Numbers in, numbers out; the words that explain them
-are ``plan_reasons.py``."""
+worker costs, and how many workers fit (``decide_workers``, the caps in the order they apply).
+Numbers in, numbers out: each cap and alarm keeps the figures its words need, and
+``plan_reasons.explain`` writes those words once the numbers are final."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from cocodet.loader.plan_record import (Budget, LoaderDraft, LoaderPlan, LoaderRequest, ShmCheck, Window,
+                                        WorkerCap)
 from cocodet.loader.resources import HostResources
+from cocodet.loader.window_plan import window_slots
 from cocodet.units import MiB
 
 # Unique memory of one worker process (torch + cv2 + albumentations imported, dataset index
@@ -17,17 +19,6 @@ MAIN_PROCESS_HEADROOM = 2048 * MiB
 TENSORS_PER_BATCH = 8  # FlatBatch: each storage is one fd and one mmap while in flight
 
 
-@dataclass(frozen=True)
-class WorkerCap:
-    """One cap the plan evaluated: at most ``limit`` workers (None: not capped), whether it
-    lowered the count, and the arithmetic behind it."""
-
-    name: str
-    limit: int | None
-    applied: bool
-    reason: str
-
-
 def shm_budget(res: HostResources) -> int | None:
     """Bytes of /dev/shm this rank's loaders may hold: half the free bytes over the local ranks
     (None: no shm filesystem, not capped)."""
@@ -36,44 +27,12 @@ def shm_budget(res: HostResources) -> int | None:
     return res.shm_free_bytes // 2 // max(1, res.local_world_size)
 
 
-@dataclass(frozen=True)
-class Budget:
-    """What the host allows this rank's loaders, and what one worker costs."""
-    shm: int | None  # bytes of /dev/shm (None: no shm filesystem, not capped)
-    mem_room: int  # bytes of memory for workers after the main process's headroom
-    footprint: int  # one worker's own memory
-    largest_batch: int  # the larger of a train and a val batch, in a worker's queue
-    worker_sets: int  # 2 with persistent workers: the train and the val workers live side by side
-    ranks: int
-
-
 def host_budget(res: HostResources, footprint: int, largest_batch: int, persistent_workers: bool) -> Budget:
     """The rank's budget; each local rank plans alone, so each gets its share of the memory."""
     ranks = max(1, res.local_world_size)
     return Budget(shm=shm_budget(res), mem_room=res.memory_available_bytes // ranks - MAIN_PROCESS_HEADROOM,
                   footprint=footprint, largest_batch=largest_batch, worker_sets=2 if persistent_workers else 1,
                   ranks=ranks)
-
-
-@dataclass
-class LoaderDraft:
-    """One loader's plan as the steps of ``plan_loader`` shape it."""
-    workers: int
-    prefetch: int
-    part_images: int | None
-    ship_bytes: int  # bytes of one shm transfer: a batch, or a part of one
-    per_image: float
-    batch_bytes: int  # bytes of one whole batch
-    caps: list[WorkerCap] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def shm_limit(self, share: int | None, prefetch: int) -> int | None:
-        """Workers whose transfers, plus the one the main process holds, fit ``share``."""
-        return None if share is None else max(0, share // self.ship_bytes - 1) // prefetch
-
-    def shm_bytes(self) -> int:
-        """What this loader holds in shm at most: its transfers in flight and the one in the main process."""
-        return (self.workers * self.prefetch + 1) * self.ship_bytes if self.workers > 0 else 0
 
 
 def loader_draft(batch_bytes: int, batch_size: int, prefetch: int, part_images: int | None) -> LoaderDraft:
@@ -100,11 +59,6 @@ def parts_that_fit(d: LoaderDraft, share: int, partner_pool: int) -> tuple[int, 
     return workers, fit // (workers + 1)
 
 
-def shm_size_for(batch_bytes: int) -> int:
-    """The container's --shm-size, in MiB, that ships this batch whole (4 batches' worth)."""
-    return -(-4 * batch_bytes // MiB)
-
-
 def memory_limit(d: LoaderDraft, b: Budget) -> int:
     """Workers (both sets when persistent) whose footprint and queues fit the rank's memory."""
     return max(0, b.mem_room // (b.worker_sets * (b.footprint + d.prefetch * b.largest_batch)))
@@ -123,3 +77,134 @@ def inflight_fds(train: LoaderDraft, val: LoaderDraft) -> int:
 def explicit_part_images(b: Budget, d: LoaderDraft) -> int:
     """Images per part that would let an explicit count's queues fit half the shm budget."""
     return max(1, int(b.shm / 2 // ((d.workers + 1) * d.per_image)))
+
+
+def decide_workers(policy: str, requested: int | None, train: LoaderDraft, val: LoaderDraft, b: Budget,
+                   res: HostResources, batch_size: int, partner_pool: int) -> None:
+    """Both loaders' worker counts and queues, in place: an explicit count is honoured (its
+    excesses become alarms); auto and inherited counts go through the CPU (inherited), shm and
+    memory caps; validation never has more workers than training."""
+    if policy == "explicit":
+        train.workers = val.workers = requested
+    else:
+        train.workers = min(res.usable_cpus, batch_size) if policy == "auto" else requested
+        if policy == "inherited":  # a count from outside this run is a ceiling under this rank's CPUs
+            train.caps.append(WorkerCap("cpu", res.usable_cpus, train.workers > res.usable_cpus))
+            train.workers = min(train.workers, res.usable_cpus)
+        _share_shm(train, val, b, partner_pool)
+        _cap_memory(train, b)
+        val.workers = min(val.workers, max(1, train.workers))
+    _raise_alarms(train, val, policy, b, res)
+
+
+def _share_shm(train: LoaderDraft, val: LoaderDraft, b: Budget, partner_pool: int) -> None:
+    """One shm budget for both loaders: validation is reserved the least that keeps one val
+    worker (within a quarter of the budget: validation is the shorter stage, and training's
+    parts then stay large enough for whole partner pools), training is capped in the rest, and
+    validation then takes what training left, up to training's worker count."""
+    if b.shm is None:
+        _cap_shm(train, None, "", 0)
+        val.workers, val.prefetch = max(1, train.workers), train.prefetch
+        return
+    probe = loader_draft(val.batch_bytes, max(1, round(val.batch_bytes / val.per_image)), 1, val.part_images)
+    probe.workers = 1
+    _cap_shm(probe, b.shm // 4, "", 0)
+    reserve = probe.shm_bytes()
+    whole = f"{b.shm / MiB:.1f} MiB budget ({{budget}})"
+    _cap_shm(train, b.shm - reserve, f"{whole} - {reserve / MiB:.1f} MiB kept for one val worker", partner_pool)
+    val.workers = max(1, train.workers)
+    _cap_shm(val, b.shm - train.shm_bytes(), f"{whole} - {train.shm_bytes() / MiB:.1f} MiB of the train loader", 0)
+
+
+def _cap_shm(d: LoaderDraft, share: int | None, share_text: str, partner_pool: int) -> None:
+    """In-flight transfers, and the one the main process holds, fit ``share`` of the rank's shm
+    budget; when not one worker's queue does, lower prefetch, then ship batches in parts, then
+    load in the main process."""
+    limit = d.shm_limit(share, d.prefetch)
+    if limit is None:
+        d.caps.append(WorkerCap("shm", None, False))
+        return
+    queue, gave_up = (d.prefetch, d.ship_bytes), ""  # as checked, before any shrinking
+    applied = d.workers > max(1, limit)
+    if d.workers > 0 and limit == 0:
+        limit, gave_up = _shrink_to_fit_shm(d, share, partner_pool)
+        applied = True
+    d.shm_check = ShmCheck(share, share_text, *queue, gave_up)
+    d.caps.append(WorkerCap("shm", max(limit, 0), applied))
+    d.workers = min(d.workers, max(1, limit)) if limit >= 1 else 0
+
+
+def _shrink_to_fit_shm(d: LoaderDraft, share: int, partner_pool: int) -> tuple[int, str]:
+    """Not even one worker's queue fits: shrink the queue before giving up on workers. Returns
+    the shm limit on workers and what was given up."""
+    if d.shm_limit(share, 1) >= 1:
+        d.prefetch = 1
+        return 1, "prefetch"
+    parts = parts_that_fit(d, share, partner_pool)
+    if parts is None:
+        return 0, "main process"
+    d.workers, d.part_images = parts
+    d.ship_bytes, d.prefetch = int(d.per_image * d.part_images), 1
+    return d.workers, "parts"
+
+
+def _cap_memory(d: LoaderDraft, b: Budget) -> None:
+    """Workers (both sets when persistent) with their queues fit the rank's memory."""
+    m = memory_limit(d, b)
+    applied = d.workers > max(1, m)
+    d.caps.append(WorkerCap("memory", m, applied))
+    if applied:
+        d.workers = max(1, m)
+
+
+def _raise_alarms(train: LoaderDraft, val: LoaderDraft, policy: str, b: Budget, res: HostResources) -> None:
+    """What the plan warns of, as (what, figure): an explicit count over a budget, fds and maps
+    near their limits."""
+    fds = inflight_fds(train, val)
+    alarms = train.alarms
+    if policy == "explicit":  # honoured, by both loaders: say what it exceeds
+        if train.workers > res.usable_cpus:
+            alarms.append(("over_cpus", train.workers))
+        if b.shm is not None and train.workers > 0 and train.shm_bytes() + val.shm_bytes() > b.shm:
+            alarms.append(("over_shm", explicit_part_images(b, train)))
+        if train.workers > 0 and worker_memory(train.workers, train.prefetch, b) > b.mem_room:
+            alarms.append(("over_memory", train.workers))
+    if train.workers > 0 and fds + 64 > res.nofile_soft:
+        alarms.append(("near_nofile", fds))
+    # Every in-flight storage is also one memory map; the process's other maps (libraries,
+    # allocator arenas) take thousands more, so warn at half of vm.max_map_count.
+    if train.workers > 0 and res.max_map_count and fds > res.max_map_count // 2:
+        alarms.append(("near_max_map_count", fds))
+
+
+def window_cache(window: int, side: int, batch_size: int, train: LoaderDraft, b: Budget) -> Window:
+    """The window cache's slots: the window plus every position the workers may hold in flight
+    (each worker its prefetched batches, and the batch the main process holds), within the
+    memory the workers leave this rank (``window_plan.window_slots``)."""
+    in_flight = (max(1, train.workers) * train.prefetch + 1) * batch_size
+    room = b.mem_room - worker_memory(train.workers, train.prefetch, b)
+    return window_slots(window, in_flight, side, room)
+
+
+def finished_plan(d: LoaderDraft, request: LoaderRequest, batch_size: int, batch_bytes: int, res: HostResources,
+                b: Budget, cuda: bool) -> LoaderPlan:
+    """The LoaderPlan of a decided draft (its caps' and alarms' words come after, from
+    ``plan_reasons.explain``); nothing PyTorch rejects at num_workers=0."""
+    with_workers = d.workers > 0
+    inflight = d.workers * d.prefetch
+    pin = request.pin_memory
+    return LoaderPlan(
+        num_workers=d.workers, source=request.policy, requested=request.requested, batch_size=batch_size,
+        batch_bytes=batch_bytes, part_images=d.part_images if with_workers else None,
+        prefetch_factor=d.prefetch if with_workers else None,
+        pin_memory=bool(cuda) if pin == "auto" else bool(pin),
+        persistent_workers=bool(request.persistent_workers and with_workers),
+        shm_free_bytes=res.shm_free_bytes, shm_budget_bytes=b.shm,
+        inflight_bytes=inflight * d.ship_bytes if with_workers else 0, fds_per_batch=TENSORS_PER_BATCH,
+        inflight_fds=inflight * TENSORS_PER_BATCH if with_workers else 0, nofile_soft=res.nofile_soft,
+        max_map_count=res.max_map_count, usable_cpus=res.usable_cpus,
+        memory_available_bytes=res.memory_available_bytes, worker_footprint_bytes=b.footprint,
+        footprint_source="given" if request.worker_footprint_bytes else "estimated", timeout_s=float(request.timeout_s),
+        local_ranks=b.ranks, host_cpus=min(res.affinity_cpus, int(res.cgroup_cpus or res.affinity_cpus)),
+        caps=list(d.caps),
+    )

@@ -1,11 +1,60 @@
-"""The loader plan's words (design §3): each cap's reason, the warnings, the shm split and the
-log table. Text only; the numbers come from ``budget.py`` and the plan."""
+"""The loader plan's words (design §3): each cap's reason, the warnings and the window cache's
+note, written once the numbers are final (``explain``); the numbers come from ``budget.py``.
+The log table is ``plan_table.py``."""
 
 from __future__ import annotations
 
-from cocodet.loader.budget import MAIN_PROCESS_HEADROOM, Budget, LoaderDraft
+from dataclasses import replace
+
+from cocodet.loader.budget import MAIN_PROCESS_HEADROOM
+from cocodet.loader.plan_record import Budget, LoaderDraft, LoaderPlan, ShmCheck, Window
 from cocodet.loader.resources import HostResources
-from cocodet.units import MiB, mib
+from cocodet.units import MiB
+
+
+def explain(plan: LoaderPlan, train: LoaderDraft, val: LoaderDraft, b: Budget, res: HostResources,
+            window: Window | None, batches) -> None:
+    """The words of a decided plan: each cap's reason (train's and val's), the train loader's
+    alarms as warnings, and the window cache's note. ``batches``: the plan's ``BatchGeometry``."""
+    for p, d in ((plan, train), (plan.val, val)):
+        p.caps = [replace(c, reason=_cap_reason(c.name, d, b, res)) for c in d.caps]
+    plan.warnings = [_alarm(what, figure, train, val, b, res) for what, figure in train.alarms]
+    if window is not None:
+        plan.window_note = window_note(batches.partner_window, window, batches.batch_size, train)
+
+
+def _cap_reason(name: str, d: LoaderDraft, b: Budget, res: HostResources) -> str:
+    if name == "cpu":
+        return cpu_reason(res)
+    if name == "memory":
+        return memory_reason(b, res)
+    if d.shm_check is None:
+        return no_shm_reason(res)
+    return shm_reason(d.shm_check, res) + _gave_up(d, d.shm_check.gave_up)
+
+
+def _gave_up(d: LoaderDraft, what: str) -> str:
+    """What the shm cap gave up when not one worker's queue fitted (``d`` as it ended)."""
+    if what == "prefetch":
+        return PREFETCH_ONE
+    if what == "parts":
+        return in_parts(d, shm_size_for(d.batch_bytes))
+    return in_process(d.batch_bytes, shm_size_for(d.batch_bytes)) if what == "main process" else ""
+
+
+def _alarm(what: str, figure: int, train: LoaderDraft, val: LoaderDraft, b: Budget, res: HostResources) -> str:
+    if what == "over_cpus":
+        return over_cpus(figure, res)
+    if what == "over_shm":
+        return over_shm(train, val, b, res, figure)
+    if what == "over_memory":
+        return over_memory(train, b, res)
+    return near_nofile(figure, res) if what == "near_nofile" else near_max_map_count(figure, res)
+
+
+def shm_size_for(batch_bytes: int) -> int:
+    """The container's --shm-size, in MiB, that ships this batch whole (4 batches' worth)."""
+    return -(-4 * batch_bytes // MiB)
 
 
 def cpu_reason(res: HostResources) -> str:
@@ -17,12 +66,10 @@ def no_shm_reason(res: HostResources) -> str:
     return f"no shm filesystem at {res.shm_path}: not capped"
 
 
-def shm_reason(d: LoaderDraft, share: int, share_text: str, res: HostResources) -> str:
-    """``share_text``: how the share was cut from the budget ("" for the whole budget; it may
-    name the budget as ``{budget}``)."""
+def shm_reason(c: ShmCheck, res: HostResources) -> str:
     budget = f"half of {res.shm_free_bytes / MiB:.1f} MiB free shm / {res.local_world_size} ranks"
-    return (f"(workers x prefetch {d.prefetch} + 1 held by the main process) x {d.ship_bytes / MiB:.1f} MiB <= "
-            f"{share / MiB:.1f} MiB" + (f" = {share_text.format(budget=budget)}" if share_text else f" ({budget})"))
+    return (f"(workers x prefetch {c.prefetch} + 1 held by the main process) x {c.ship_bytes / MiB:.1f} MiB <= "
+            f"{c.share / MiB:.1f} MiB" + (f" = {c.share_text.format(budget=budget)}" if c.share_text else f" ({budget})"))
 
 
 PREFETCH_ONE = "; one worker at prefetch 1 fits, so prefetch lowered to 1"
@@ -81,51 +128,11 @@ def near_max_map_count(fds: int, res: HostResources) -> str:
             "the host's to raise)")
 
 
-def shm_split_text(split: dict) -> str:
-    def part(name: str) -> str:
-        return f"{name} {mib(split[name])}"
-    return (f"{mib(split['budget'])} budget = {part('train')} + {part('val')} (each: in flight + 1 held by the main "
-            f"process) + {mib(split['budget'] - split['train'] - split['val'])} spare")
-
-
-def side_text(side: int | None) -> str:
-    return f" of up to {side}x{side} px" if side else ""
-
-
-def plan_table(plan) -> str:
-    """The plan (a ``plan_record.LoaderPlan``, read by attribute: this module sits below it) as a
-    small fixed-width table for the log."""
-    rows = [
-        ("workers", f"{plan.num_workers} (source: {plan.source}, requested: {plan.requested})"),
-        ("batch", f"{plan.batch_size} images{side_text(plan.image_side)}, {mib(plan.batch_bytes)} per FlatBatch"
-                  + (f", shipped in parts of {plan.part_images} images" if plan.part_images else "")),
-        ("train batches", f"grouped by aspect ratio: {2 * plan.group_aspect_ratio + 2} bins "
-                          f"(loader.group_aspect_ratio={plan.group_aspect_ratio}), leftovers mixed"
-                          if plan.group_aspect_ratio else "in shuffled order (loader.group_aspect_ratio=null)"),
-        ("prefetch / pin / persistent", f"{plan.prefetch_factor} / {plan.pin_memory} / {plan.persistent_workers}"),
-        ("in flight", f"{mib(plan.inflight_bytes)}, {plan.inflight_fds} fds/maps ({plan.fds_per_batch} per batch)"),
-        ("local ranks on this host", str(plan.local_ranks)),
-        ("CPUs: host / per rank", f"{plan.host_cpus} / {plan.usable_cpus}"),
-        ("/dev/shm: host free / rank budget", f"{mib(plan.shm_free_bytes)} / {mib(plan.shm_budget_bytes)}"),
-        ("memory: host available / per rank", f"{mib(plan.memory_available_bytes)} / "
-                                              f"{mib(plan.memory_available_bytes // max(1, plan.local_ranks))}; "
-                                              f"worker footprint {mib(plan.worker_footprint_bytes)} ({plan.footprint_source})"),
-        ("RLIMIT_NOFILE / vm.max_map_count", f"{plan.nofile_soft} / {plan.max_map_count}"),
-    ]
-    rows += [(f"cap {c.name}", f"<= {c.limit} [{'APPLIED' if c.applied else 'ok'}] {c.reason}") for c in plan.caps]
-    if plan.shm_split:
-        rows.append(("shm split", shm_split_text(plan.shm_split)))
-    if plan.val is not None:
-        v = plan.val
-        shipped = f"parts of {v.part_images} images" if v.part_images else "whole batches"
-        rows.append(("val loader", f"{v.num_workers} worker(s), prefetch {v.prefetch_factor}, {shipped} "
-                                   f"({mib(v.batch_bytes)} per batch{side_text(v.image_side)}), "
-                                   f"{mib(v.inflight_bytes)} in flight"))
-        rows += [(f"val cap {c.name}", f"<= {c.limit} [{'APPLIED' if c.applied else 'ok'}] {c.reason}")
-                 for c in v.caps if c.name == "shm"]
-    if plan.window_note:
-        rows.append(("window cache", f"{plan.window_slots} slots, {mib(plan.window_bytes)} in anonymous shared memory "
-                                     f"(memfd, not /dev/shm): {plan.window_note}"))
-    rows += [("WARNING", w) for w in plan.warnings]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+def window_note(window: int, w: Window, batch_size: int, train: LoaderDraft) -> str:
+    """How the window cache's slots were counted (``budget.window_cache``)."""
+    why = (f"partner_window {window} + {w.in_flight} positions in flight ((workers {max(1, train.workers)} x prefetch "
+           f"{train.prefetch} + 1) x batch {batch_size}) = {w.want} slots of {w.slot_bytes / MiB:.2f} MiB")
+    if w.slots < w.want:
+        why += (f"; {w.fit} fit the {max(0, w.room) / MiB:.0f} MiB of memory the workers leave: fewer partners are "
+                "read, more decoded")
+    return why

@@ -1,12 +1,86 @@
 """The loader plan's records (design §3): what the plan is asked (the request, the batch
-geometry) and what it decides (``LoaderPlan``, with each cap it evaluated as a ``budget.WorkerCap``).
+geometry, the recipe's shape), its working records (``Budget``, each loader's ``LoaderDraft``,
+each cap as a ``WorkerCap``, the window cache's ``Window``) and what it decides (``LoaderPlan``).
 Plain dataclasses: ``summary()`` is the JSON the run's summary carries."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from cocodet.loader.budget import WorkerCap
+from cocodet import schema
+
+
+@dataclass(frozen=True)
+class WorkerCap:
+    """One cap the plan evaluated: at most ``limit`` workers (None: not capped), whether it
+    lowered the count, and the arithmetic behind it in words (written by ``plan_reasons.explain``
+    once the numbers are final)."""
+
+    name: str
+    limit: int | None
+    applied: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ShmCheck:
+    """What a loader's shm cap measured, for its words: the share of the budget it was checked
+    against and how that share was cut ("" for the whole budget; it may name the budget as
+    ``{budget}``), the queue as it stood then (prefetch, bytes per transfer), and what was given
+    up when not one worker's queue fitted ("prefetch", "parts" or "main process")."""
+
+    share: int
+    share_text: str
+    prefetch: int
+    ship_bytes: int
+    gave_up: str = ""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the host allows this rank's loaders, and what one worker costs."""
+    shm: int | None  # bytes of /dev/shm (None: no shm filesystem, not capped)
+    mem_room: int  # bytes of memory for workers after the main process's headroom
+    footprint: int  # one worker's own memory
+    largest_batch: int  # the larger of a train and a val batch, in a worker's queue
+    worker_sets: int  # 2 with persistent workers: the train and the val workers live side by side
+    ranks: int
+
+
+@dataclass
+class LoaderDraft:
+    """One loader's plan as the steps of ``plan_loader`` shape it."""
+    workers: int
+    prefetch: int
+    part_images: int | None
+    ship_bytes: int  # bytes of one shm transfer: a batch, or a part of one
+    per_image: float
+    batch_bytes: int  # bytes of one whole batch
+    caps: list[WorkerCap] = field(default_factory=list)
+    shm_check: ShmCheck | None = None  # None: no shm filesystem (not capped), or not checked yet
+    alarms: list[tuple[str, int]] = field(default_factory=list)  # (what, its figure): the warnings, as numbers
+
+    def shm_limit(self, share: int | None, prefetch: int) -> int | None:
+        """Workers whose transfers, plus the one the main process holds, fit ``share``."""
+        return None if share is None else max(0, share // self.ship_bytes - 1) // prefetch
+
+    def shm_bytes(self) -> int:
+        """What this loader holds in shm at most: its transfers in flight and the one in the main process."""
+        return (self.workers * self.prefetch + 1) * self.ship_bytes if self.workers > 0 else 0
+
+
+@dataclass(frozen=True)
+class Window:
+    """The window cache's slots (``window_plan.py``): how many, how many the window and the
+    positions in flight want, how many fit the memory the workers leave, that room, the
+    positions in flight, and one slot's bytes."""
+
+    slots: int
+    want: int
+    fit: int
+    room: int
+    in_flight: int
+    slot_bytes: int
 
 
 @dataclass(frozen=True)
@@ -32,6 +106,33 @@ class LoaderRequest:
     worker_footprint_bytes: int | None = None
     part_images: int | None = None
     timeout_s: float = 0.0
+
+    def __post_init__(self):
+        """A request every plan can trust, however it was made (the run's, a re-plan's, a
+        test's), refused in the words of the key's rule (``cocodet.schema``)."""
+        schema.check("loader.policy", self.policy)
+        schema.check("loader.prefetch_factor", self.prefetch_factor)
+        if self.policy != "auto" and (self.requested is None or self.requested < 0):
+            raise ValueError(f"loader policy {self.policy!r} needs a worker count >= 0, got {self.requested!r}")
+
+
+@dataclass(frozen=True)
+class RecipeShape:
+    """What the plan needs of the augment recipe (``run_spec.records.RecipeSpec.shape``): the
+    largest image side a train and a val sample can have, mosaic's window partners (0: none)
+    and pool, the aspect-ratio grouping ``loader.group_aspect_ratio=preset`` means for it
+    (None: off), whether all its outputs are one square (mosaic: grouping is moot), and its
+    largest intermediate in bytes."""
+
+    image_size: int
+    train_side: int
+    val_side: int
+    partner_window: int = 0
+    partner_pool: int = 0
+    partners_from: str | None = None  # mosaic's partner source: "window", "pool" or "dataset" (None: not a mosaic)
+    preset_grouping: int | None = None
+    square_outputs: bool = False
+    working_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,6 +221,6 @@ class LoaderPlan:
 
     def table(self) -> str:
         """The plan as a small fixed-width table for the log."""
-        from cocodet.loader.plan_reasons import plan_table
+        from cocodet.loader.plan_table import plan_table
 
         return plan_table(self)

@@ -85,15 +85,3 @@ def raise_nofile_limit() -> None:
             log.info("raised RLIMIT_NOFILE soft limit %d -> %d (hard %d)", soft, target, hard)
         except (ValueError, OSError) as e:
             log.warning("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, target, e)
-
-
-def uses_cuda(accelerator: str) -> bool:
-    """Whether batches go to a CUDA device: a GPU accelerator (or auto) on a host that has one.
-    A CPU run answers without importing torch (``mode=plan`` stays fast)."""
-    if str(accelerator) not in ("gpu", "cuda", "auto"):
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cocodet.loader.budget import Budget, LoaderDraft, worker_memory
-from cocodet.units import MiB
+from cocodet.loader.plan_record import Window
 
 # A slot's header (the cache's layout, ``data/window_cache.py``, reads and writes it): 64 bytes.
 SLOT_HEADER = np.dtype([("gen", "<i8"), ("index", "<i8"), ("size", "<i8"), ("h", "<i8"), ("w", "<i8"),
@@ -29,17 +28,9 @@ def slot_bytes(side: int) -> int:
     return slot_pixels(side) + SLOT_HEADER.itemsize
 
 
-def window_slots(window: int, side: int, batch_size: int, train: LoaderDraft, budget: Budget) -> tuple[int, str]:
-    """(slots, why): the window plus every position the workers may hold in flight (each worker
-    its prefetched batches, and the batch the main process holds), capped by the memory left
-    after the workers; 0 (no cache: every partner decodes) when not even one slot fits."""
-    in_flight = (max(1, train.workers) * train.prefetch + 1) * batch_size
-    want = window + in_flight
-    room = budget.mem_room - worker_memory(train.workers, train.prefetch, budget)
-    fit = max(0, room // slot_bytes(side))
-    slots = min(want, fit)
-    why = (f"partner_window {window} + {in_flight} positions in flight ((workers {max(1, train.workers)} x prefetch "
-           f"{train.prefetch} + 1) x batch {batch_size}) = {want} slots of {slot_bytes(side) / MiB:.2f} MiB")
-    if slots < want:
-        why += f"; {fit} fit the {max(0, room) / MiB:.0f} MiB of memory the workers leave: fewer partners are read, more decoded"
-    return slots, why
+def window_slots(window: int, in_flight: int, side: int, room: int) -> Window:
+    """The window's positions plus those in flight, in slots of ``side`` px images, at most as
+    many as fit ``room`` bytes (0, no cache, when not even one does: every partner decodes)."""
+    want, slot = window + in_flight, slot_bytes(side)
+    fit = max(0, room // slot)
+    return Window(min(want, fit), want, fit, room, in_flight, slot)

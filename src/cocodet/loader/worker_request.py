@@ -1,13 +1,26 @@
-"""A worker count from the command line, a preset or the environment (design §3): which
-policy's source it has, before any plan is made."""
+"""What the loader group asks of the plan (design §3): the worker count from the command line,
+a preset or the environment, with the policy its source gives it, and the queue settings."""
 
 from __future__ import annotations
 
 import logging
 
 from cocodet.errors import ConfigError
+from cocodet.loader.plan_record import LoaderRequest
 
 log = logging.getLogger(__name__)
+
+
+def loader_request(loader: dict, overrides: list[str], environ: dict[str, str]) -> LoaderRequest:
+    """The loader group's keys (plain values), this run's command-line overrides and the
+    environment as the plan's request."""
+    policy, requested = worker_request(str(loader["policy"]), loader.get("num_workers"),
+                                       list(loader.get("inherit_from") or []), overrides, environ)
+    footprint_mb = loader.get("worker_footprint_mb")
+    return LoaderRequest(policy, requested, int(loader["prefetch_factor"]), pin_memory=loader["pin_memory"],
+                         persistent_workers=bool(loader["persistent_workers"]),
+                         worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
+                         part_images=loader.get("part_images"), timeout_s=float(loader.get("timeout", 0)))
 
 
 def worker_request(policy: str, num_workers: int | None, inherit_from: list[str], overrides: list[str],

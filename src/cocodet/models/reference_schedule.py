@@ -50,3 +50,13 @@ def scaled_lr(reference_lr: float, reference_batch: int, global_batch: int) -> f
     """The linear scaling rule: the reference's rate for its global batch, times this run's
     global batch over it (Goyal et al. 2017, as the references' commands assume)."""
     return float(reference_lr) * global_batch / int(reference_batch)
+
+
+def lr_words(scaling: dict, batch: int, world: int, accumulate: int) -> str:
+    """``model.lr_scaling`` at this run's global batch, in words (the plan's log; the module
+    applies the same rule from the trainer's ranks, ``models/optimization.py``)."""
+    global_batch = world * batch * accumulate
+    lr = scaled_lr(scaling["reference_lr"], scaling["reference_batch"], global_batch)
+    return (f"the reference's {scaling['reference_lr']:g} at global batch {scaling['reference_batch']} -> {lr:g} at "
+            f"this run's {global_batch} ({world} rank(s) x loader.batch_size {batch} x accumulate_grad_batches "
+            f"{accumulate})")

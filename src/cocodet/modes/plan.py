@@ -19,12 +19,7 @@ log = logging.getLogger(__name__)
 
 def partner_words(spec: RunSpec) -> str:
     """What the mosaic partners add to a rank's object reads (none for pools: they are the batch's own)."""
-    from cocodet.transforms.augment import partner_source
-
-    aug = spec.recipe.config
-    if aug.get("mosaic_p") is None:
-        return ""
-    source = partner_source(aug.get("partners"), aug.get("partner_window"), aug.get("partner_pool"))
+    source = spec.recipe.shape.partners_from
     if source == "dataset":
         return ", plus the mosaic partners it draws from the whole dataset"
     if source == "window":
@@ -50,6 +45,12 @@ def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> di
 
         verify_indexes(train, val, spec.run_dir, int(d["max_image_pixels"]))
     log.info("host preflight:\n%s", resources.table())
+    scaling = spec.model.config.get("lr_scaling") if spec.model is not None else None
+    if scaling:  # what training will use (it logs the same from its trainer, models/optimization.py)
+        from cocodet.models.reference_schedule import lr_words
+
+        log.info("learning rate: %s", lr_words(scaling, spec.loader.batches.batch_size, spec.ranks.world_size,
+                                                int(spec.trainer.args.get("accumulate_grad_batches") or 1)))
     remote = remote_reads(spec, train, loader_plan) if is_remote(str(d["root"])) else None
     return {"mode": "plan", **loader_plan.summary(), "host": resources.as_dict(), "train_images": len(train),
             "val_images": len(val), **({"remote": remote} if remote else {})}

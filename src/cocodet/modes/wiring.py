@@ -28,8 +28,6 @@ def build_plan(spec: RunSpec) -> tuple[LoaderPlan, HostResources]:
     log.info("loader plan%s:\n%s", spec.ranks.label(), plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)
-    if loader.lr_words:
-        log.info("learning rate: %s", loader.lr_words)
     return plan, resources
 
 

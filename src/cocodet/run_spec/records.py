@@ -14,8 +14,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
+from cocodet.loader.plan_record import BatchGeometry, LoaderRequest, RecipeShape
 from cocodet.ranks import Ranks
+from cocodet.transforms.augment import Mosaic, partner_source
+from cocodet.transforms.reference_presets import ReferencePreset
+from cocodet.transforms.ssd_presets import FixedResize
+
+# Every torchvision reference recipe's --aspect-ratio-group-factor: what loader.group_aspect_ratio=preset
+# means for a reference preset (off for the other families).
+REFERENCE_GROUPING = 3
 
 
 @dataclass(frozen=True)
@@ -27,9 +34,46 @@ class RecipeSpec:
     config: dict         # the augment group, resolved, with its _target_
     image_size: int
     model_sizes: tuple[int, int] | None = None  # the reference presets: the chosen model's resize
+    partners_from: str | None = None  # mosaic's partner source ("window", "pool", "dataset"; None: not a mosaic)
+
+    @classmethod
+    def read(cls, augment: dict, detector: dict | None, image_size: int) -> RecipeSpec:
+        """The augment group's class, located as ``instantiate`` would (an old path mapped by
+        ``compat.py`` gives the same class), and, for a reference preset, the model's resize
+        (``detector``: model.detector). The recipe modules import neither torch nor
+        albumentations at module level, so the plan stays light."""
+        from hydra.utils import get_class
+
+        from cocodet.transforms.model_resize import builder_sizes, fixed_sizes
+
+        family = get_class(str(augment["_target_"])) if augment.get("_target_") else None
+        sizes = None
+        if family is not None and issubclass(family, ReferencePreset):
+            name = str(detector["name"])
+            sizes = (fixed_sizes(name) if issubclass(family, FixedResize) else
+                     builder_sizes(name, detector.get("min_size"), detector.get("max_size")))
+        source = None
+        if family is not None and issubclass(family, Mosaic):
+            source = partner_source(augment.get("partners"), augment.get("partner_window"), augment.get("partner_pool"))
+        return cls(family, augment, int(image_size), sizes, source)
 
     def is_a(self, family: type) -> bool:
         return self.family is not None and issubclass(self.family, family)
+
+    @cached_property
+    def shape(self) -> RecipeShape:
+        """What the loader plan needs of this recipe, derived once: a reference preset's largest
+        train and val images (built: its sides come from the model's resize), otherwise
+        ``image_size``; mosaic's partners (a window only when augment.partners picks one)."""
+        reference = self.is_a(ReferencePreset)  # the letterbox family is not built here (albumentations)
+        built = self.recipe if reference else None
+        train, val = ((max(built.largest_hw()), max(built.eval_recipe().largest_hw())) if built is not None
+                      else (self.image_size, self.image_size))
+        aug, source = self.config, self.partners_from
+        return RecipeShape(self.image_size, train, val, partner_window=int(aug["partner_window"]) if source == "window" else 0,
+                           partner_pool=aug.get("partner_pool") or 0, partners_from=source,
+                           preset_grouping=REFERENCE_GROUPING if reference else None, square_outputs=self.is_a(Mosaic),
+                           working_bytes=built.working_bytes() if built is not None else 0)
 
     @cached_property
     def recipe(self):
@@ -53,7 +97,6 @@ class LoaderSpec:
     shm_path: str
     on_failure: str | None
     max_replans: int
-    lr_words: str | None = None  # model.lr_scaling at this run's global batch (None: not asked)
 
 
 @dataclass(frozen=True)

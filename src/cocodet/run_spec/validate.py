@@ -11,7 +11,6 @@ rule names the key, the value and what is allowed, in one line a user can act on
 from __future__ import annotations
 
 import difflib
-from enum import Enum
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,13 +20,17 @@ from cocodet.run_spec.schemas import SCHEMAS, declared_keys
 from cocodet.schema import DATASET_KEYS, MODES, RULES, show
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for a key its group does not declare, or for the first value outside
-    its rule (keys absent from this config are skipped)."""
-    if cfg.get("mode") not in MODES:
-        raise ConfigError(f"mode={show(cfg.get('mode'))} is not allowed: expected one of {', '.join(MODES)}")
+def validate(cfg: DictConfig, tree: dict) -> None:
+    """Raise ConfigError for a key its group does not declare, for the first value outside its
+    rule (keys absent from this config are skipped), or for a credential written in the config.
+    ``tree``: ``cfg`` resolved, as plain Python; ``cfg`` itself for what must be read unresolved."""
+    if tree.get("mode") not in MODES:
+        raise ConfigError(f"mode={show(tree.get('mode'))} is not allowed: expected one of {', '.join(MODES)}")
     for group, declared in (("dataset", DATASET_KEYS), *((g, declared_keys(g)) for g in SCHEMAS)):
-        undeclared(group, set(cfg.get(group) or {}), declared)
+        undeclared(group, set(tree.get(group) or {}), declared)
+    for rule, value in [(rule, _select(tree, rule.key)) for rule in RULES]:
+        if value is not _ABSENT:
+            rule.validate(value)
     # Unresolved: a value from ${oc.env:...} (the environment) is allowed, a literal one is not.
     secrets = credential_keys(OmegaConf.to_container(cfg.dataset.get("storage_options") or {}, resolve=False),
                               "dataset.storage_options") if cfg.get("dataset") else []
@@ -36,10 +39,16 @@ def validate(cfg: DictConfig) -> None:
     if secrets:
         raise ConfigError(f"{', '.join(secrets)}: a credential in the config (Hydra writes it to .hydra/config.yaml): "
                           f"{ADVICE}")
-    for rule in RULES:
-        value = OmegaConf.select(cfg, rule.key, default=_ABSENT, throw_on_missing=False)
-        if value is not _ABSENT:
-            rule.validate(plain(value))
+
+
+def _select(tree: dict, key: str):
+    """The value at a dotted ``key`` of a plain tree (``_ABSENT`` where a part is missing)."""
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
 
 
 def undeclared(group: str, keys: set[str], declared: tuple[str, ...]) -> None:
@@ -54,13 +63,6 @@ def undeclared(group: str, keys: set[str], declared: tuple[str, ...]) -> None:
         named.append(f"{group}.{key}" + (f" (did you mean {group}.{closest[0]}?)" if closest else ""))
     raise ConfigError(f"unknown {group} key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: the {group} group takes "
                       f"{', '.join(k for k in declared if k != '_target_')} (a typo, or a key for another group?)")
-
-
-def plain(value):
-    """A config value as a rule sees it: containers as Python, a schema's choice as its string."""
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, enum_to_str=True)
-    return value.value if isinstance(value, Enum) else value
 
 
 _ABSENT = object()

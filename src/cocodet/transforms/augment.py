@@ -40,10 +40,8 @@ def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, 
 
 def partner_source(partners: str | None, partner_window: int | None, partner_pool: int | None) -> str:
     """``window``, ``pool`` or ``dataset``: where a mosaic's partners come from, as the augment
-    keys say it (checked here, so the plan and the recipe read them one way)."""
-    schema.check("augment.partners", partners)
-    schema.check("augment.partner_window", partner_window)
-    schema.check("augment.partner_pool", partner_pool)
+    keys say it (the plan's recipe shape and the recipe read them through this one function;
+    each key's own rule is checked earlier, by the config's validation or :class:`Mosaic`)."""
     if partner_pool is not None and partners in (None, "window", "pool"):
         return "pool"  # an integer pool selects pools, as it did before windows
     if partners is None:
@@ -122,6 +120,8 @@ class Mosaic(Recipe):
         self.scale, self.translate, self.hsv = tuple(scale), float(translate), tuple(hsv)
         self.flip_p, self.mosaic_p, self.center_range = flip_p, mosaic_p, tuple(center_range)
         self.min_box_px, self.min_visibility = min_box_px, min_visibility
+        for key, value in (("partners", partners), ("partner_window", partner_window), ("partner_pool", partner_pool)):
+            schema.check(f"augment.{key}", value)
         self.partners_from = partner_source(partners, partner_window, partner_pool)
         self.partner_pool = partner_pool if self.partners_from == "pool" else None
         self.partner_window = int(partner_window) if self.partners_from == "window" else 0
