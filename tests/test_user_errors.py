@@ -14,9 +14,11 @@ from conftest import REPO
 def run_entry(monkeypatch, tmp_path, *overrides: str) -> int:
     """``python train.py mode=plan ...`` in this process; returns the exit status."""
     monkeypatch.setattr(sys, "argv", [str(REPO / "train.py"), "mode=plan", *overrides, f"hydra.run.dir={tmp_path}"])
-    with pytest.raises(SystemExit) as e:
+    try:
         runpy.run_path(str(REPO / "train.py"), run_name="__main__")
-    return e.value.code
+    except SystemExit as e:
+        return e.code
+    return 0
 
 
 @pytest.mark.parametrize("override, named", [
@@ -42,6 +44,36 @@ def test_bad_value_or_option_exits_2_with_one_line(monkeypatch, tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0], err
     assert "Traceback" not in err[0]
+
+
+APPENDED_TYPOS = [  # (override, what the one line names): a constructor's group, checked against its signature
+    (["+trainer.max_epoch=1"], "trainer.max_epoch (did you mean trainer.max_epochs?): Lightning's Trainer takes"),
+    (["model/optimizer=sgd", "+model.optimizer.momentun=0.9"],
+     "model.optimizer.momentun (did you mean model.optimizer.momentum?): torch.optim.SGD takes"),
+    (["+loader.batchsize=4"], "loader.batchsize (did you mean loader.batch_size?)"),
+]
+
+
+@pytest.mark.parametrize("mode", ["plan", "verify", "train", "bench", "preview", "eval", "predict", "export"])
+@pytest.mark.parametrize("overrides, named", APPENDED_TYPOS)
+def test_an_appended_typo_exits_2_in_every_mode(monkeypatch, tmp_path, capsys, mode, overrides, named):
+    """Before anything starts: no dataset is read and no model built (dataset.root does not exist)."""
+    assert run_entry(monkeypatch, tmp_path, f"mode={mode}", "dataset.root=/nonexistent", *overrides) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0] and "Traceback" not in err[0], err
+
+
+def test_a_declared_extension_of_an_open_group_still_runs(monkeypatch, tmp_path, capsys):
+    from hydra import compose, initialize_config_dir
+
+    from cocodet.run_spec.read import read_spec
+
+    assert run_entry(monkeypatch, tmp_path, "+model.optimizer.fused=false", "+trainer.deterministic=true") == 0
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):  # train: every key checked
+        cfg = compose(config_name="config", overrides=["mode=train", "+model.optimizer.fused=false",
+                                                       "+trainer.deterministic=true", "output_dir=unused"])
+    spec = read_spec(cfg)
+    assert spec.model.config["optimizer"]["fused"] is False and spec.trainer.args["deterministic"] is True
 
 
 def test_missing_dataset_root_exits_2_naming_the_path(monkeypatch, tmp_path, capsys):

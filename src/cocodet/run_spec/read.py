@@ -30,14 +30,15 @@ def read_spec(cfg: DictConfig) -> RunSpec:
     """Validate ``cfg`` (``run_spec/validate.py``: exit 2 naming the key), map old ``_target_``
     paths (``compat.py``), then read each group once."""
     tree = plain_tree(cfg)
-    validate(cfg, tree)
+    overrides = cli_overrides()
+    validate(cfg, tree, overrides)
     current_targets(tree)
     data = tree["dataset"]
     loader = tree["loader"]
     model = tree.get("model")
     trainer = tree["trainer"]
     recipe = RecipeSpec.read(tree.get("augment") or {}, (model or {}).get("detector"), data["image_size"])
-    request = loader_request(loader, cli_overrides(), dict(os.environ))
+    request = loader_request(loader, overrides, dict(os.environ))
     batches = batch_geometry(loader["batch_size"], loader.get("val_batch_size"), loader.get("group_aspect_ratio", "preset"),
                              recipe.shape)
     ranks, cuda = trainer_ranks(trainer)

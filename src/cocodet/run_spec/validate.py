@@ -11,6 +11,7 @@ rule names the key, the value and what is allowed, in one line a user can act on
 from __future__ import annotations
 
 import difflib
+import inspect
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,14 +21,16 @@ from cocodet.run_spec.schemas import SCHEMAS, declared_keys
 from cocodet.schema import DATASET_KEYS, MODES, RULES, show
 
 
-def validate(cfg: DictConfig, tree: dict) -> None:
-    """Raise ConfigError for a key its group does not declare, for the first value outside its
-    rule (keys absent from this config are skipped), or for a credential written in the config.
-    ``tree``: ``cfg`` resolved, as plain Python; ``cfg`` itself for what must be read unresolved."""
+def validate(cfg: DictConfig, tree: dict, overrides: list[str] = ()) -> None:
+    """Raise ConfigError for a key its group does not declare (a constructor's group: its
+    signature), for the first value outside its rule (keys absent from this config are skipped),
+    or for a credential written in the config. ``tree``: ``cfg`` resolved, as plain Python;
+    ``cfg`` itself for what must be read unresolved; ``overrides``: this run's command line."""
     if tree.get("mode") not in MODES:
         raise ConfigError(f"mode={show(tree.get('mode'))} is not allowed: expected one of {', '.join(MODES)}")
     for group, declared in (("dataset", DATASET_KEYS), *((g, declared_keys(g)) for g in SCHEMAS)):
         undeclared(group, set(tree.get(group) or {}), declared)
+    check_signatures(tree, list(overrides))
     for rule, value in [(rule, _select(tree, rule.key)) for rule in RULES]:
         if value is not _ABSENT:
             rule.validate(value)
@@ -51,9 +54,10 @@ def _select(tree: dict, key: str):
     return node
 
 
-def undeclared(group: str, keys: set[str], declared: tuple[str, ...]) -> None:
+def undeclared(group: str, keys: set[str], declared: tuple[str, ...], taker: str = "") -> None:
     """Refuse a key ``group`` does not declare, naming the closest declared one: a typo appended
-    with ``+`` (which Hydra lets past a structured config) would otherwise be ignored."""
+    with ``+`` (which Hydra lets past a structured config) would otherwise be ignored.
+    ``taker``: who takes the keys, when not the group itself (``Lightning's Trainer``)."""
     unknown = sorted(keys - set(declared))
     if not unknown:
         return
@@ -61,8 +65,51 @@ def undeclared(group: str, keys: set[str], declared: tuple[str, ...]) -> None:
     for key in unknown:
         closest = difflib.get_close_matches(key, declared, n=1, cutoff=0.6)
         named.append(f"{group}.{key}" + (f" (did you mean {group}.{closest[0]}?)" if closest else ""))
-    raise ConfigError(f"unknown {group} key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: the {group} group takes "
-                      f"{', '.join(k for k in declared if k != '_target_')} (a typo, or a key for another group?)")
+    raise ConfigError(f"unknown {group} key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: "
+                      f"{taker or f'the {group} group'} takes {', '.join(k for k in declared if k != '_target_')} "
+                      "(a typo, or a key for another group?)")
+
+
+# Modes that build neither a Trainer nor a model: they import Lightning (or an optimizer's
+# library) only to check a key this run's command line appended (mode=plan stays light).
+LIGHT_MODES = ("plan", "verify")
+
+
+def check_signatures(tree: dict, overrides: list[str]) -> None:
+    """The open groups that are a constructor's arguments, against that constructor: ``trainer``
+    against Lightning's ``Trainer``, ``model.optimizer`` against its ``_target_`` class. Every
+    key in the modes that build them; in ``LIGHT_MODES``, the keys a ``+`` override appended."""
+    light = tree.get("mode") in LIGHT_MODES
+    trainer = set(tree.get("trainer") or {}) if not light else _appended(overrides, "trainer")
+    if trainer:
+        import lightning
+
+        _check("trainer", trainer, lightning.Trainer.__init__, "Lightning's Trainer")
+    optimizer = ((tree.get("model") or {}).get("optimizer")) or {}
+    keys = {k for k in optimizer if not k.startswith("_")} if not light else _appended(overrides, "model.optimizer")
+    if keys and optimizer.get("_target_"):
+        from hydra.utils import get_class
+
+        _check("model.optimizer", keys, get_class(str(optimizer["_target_"])).__init__, str(optimizer["_target_"]))
+
+
+def _appended(overrides: list[str], group: str) -> set[str]:
+    """The keys a ``+`` (or ``++``) override put directly under ``group``."""
+    keys = set()
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if key.startswith("+") and key.lstrip("+").startswith(group + "."):
+            keys.add(key.lstrip("+")[len(group) + 1:].split(".")[0])
+    return keys
+
+
+def _check(group: str, keys: set[str], function, taker: str) -> None:
+    """``keys`` against ``function``'s keyword parameters (any key passes a ``**kwargs``)."""
+    params = inspect.signature(function).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    declared = tuple(p.name for p in params if p.name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL)
+    undeclared(group, keys, declared, taker)
 
 
 _ABSENT = object()
