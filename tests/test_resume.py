@@ -13,7 +13,7 @@ import torch
 
 from conftest import NARROW_MODEL, REPO, run_in_process, run_train
 from cocodet.loader.stream_position import ResumeError, StreamPosition
-from cocodet.models.preemption import find_last_checkpoint
+from cocodet.models.preemption import newest_checkpoint
 
 STEPS_PER_EPOCH = 10  # coco_tiny: 80 train images, batch 8
 
@@ -95,11 +95,22 @@ def test_sigkill_loses_at_most_every_n_steps_and_repeats_nothing(coco_tiny, tmp_
     proc, _ = run_train(args(coco_tiny, "checkpoint.every_n_steps=5", *signal_at(kill_step, "SIGKILL")), run_dir,
                         env=ENV, check=False, timeout=900)
     assert proc.returncode == -9
-    saved = torch.load(find_last_checkpoint(run_dir, run_dir), map_location="cpu", weights_only=False)
+    saved = torch.load(newest_checkpoint(run_dir), map_location="cpu", weights_only=False)
     assert kill_step - 5 <= saved["global_step"] <= kill_step
     resumed = run_in_process(args(coco_tiny, "checkpoint.every_n_steps=5", "ckpt_path=last"), run_dir)
     assert resumed["steps"] == 3 * STEPS_PER_EPOCH
     assert resumed["stream_digest"] == uninterrupted["stream_digest"]  # no batch repeated or skipped
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(coco_tiny, tmp_path, uninterrupted):
+    """Issue: resuming weights of another model died in Lightning's 25-frame size-mismatch
+    traceback, exit 1; mode=eval gave one line and exit 2. Training now gives that line too."""
+    proc, _ = run_train([*args(coco_tiny, f"ckpt_path={uninterrupted['last_ckpt']}"), "model.detector.fpn_channels=32"],
+                        tmp_path / "run", check=False)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "does not fit the configured model" in last, proc.stderr[-2000:]
+    assert "it was trained with model.detector.fpn_channels=64" in last and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
@@ -127,16 +138,60 @@ def test_stream_position_refuses_what_cannot_continue_exactly():
     assert (position.epoch, position.batches) == (2, 1)
 
 
-def test_ckpt_path_last_prefers_the_given_run_dir_then_the_newest_run(tmp_path):
-    outputs = tmp_path / "outputs"
-    old, new, here = outputs / "a", outputs / "b", tmp_path / "requeued"
-    for i, run in enumerate((old, new)):
-        (run / "checkpoints").mkdir(parents=True)
-        (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
-        os.utime(run / "checkpoints" / "last.ckpt", (1000 + i, 1000 + i))
-    assert find_last_checkpoint(here, outputs) == new / "checkpoints" / "last.ckpt"
-    (here / "checkpoints").mkdir(parents=True)
-    (here / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    assert find_last_checkpoint(here, outputs) == here / "checkpoints" / "last.ckpt"
-    with pytest.raises(Exception, match="found no checkpoint"):
-        find_last_checkpoint(tmp_path / "none", tmp_path / "empty")
+def spec_of(*overrides: str, run_dir: Path, given: bool = False):
+    """The run specification of ``python train.py <overrides>`` writing to ``run_dir``."""
+    from dataclasses import replace
+
+    from hydra import compose, initialize_config_dir
+
+    from cocodet.run_spec.read import read_spec
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, f"output_dir={run_dir}"])
+    return replace(read_spec(cfg), run_dir_given=given)
+
+
+def fake_run(folder: Path, mtime: int, dataset_root: str | None, fpn: int = 256) -> Path:
+    """A run folder with a checkpoint of ``mtime`` and Hydra's saved config (none when ``dataset_root`` is None)."""
+    (folder / "checkpoints").mkdir(parents=True)
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    ckpt.write_bytes(b"x")
+    os.utime(ckpt, (mtime, mtime))
+    if dataset_root is not None:
+        (folder / ".hydra").mkdir()
+        (folder / ".hydra" / "config.yaml").write_text(
+            f"dataset:\n  root: {dataset_root}\n  train_images: train2017\n  train_ann: annotations/instances_train2017.json\n"
+            f"  val_images: val2017\n  val_ann: annotations/instances_val2017.json\n  synthetic: null\n"
+            f"model:\n  detector:\n    name: fcos_resnet18_fpn\n    regression_bias: 1.0\n    fpn_channels: {fpn}\n"
+            f"    pretrained: true\n")
+    return ckpt
+
+
+def test_ckpt_path_last_takes_only_a_run_of_this_dataset_and_model(tmp_path, monkeypatch, capsys):
+    """Issue: ckpt_path=last took the newest run under outputs/, of another dataset, and died in a
+    25-frame size-mismatch traceback. It now passes over runs of another dataset or model and says so."""
+    from dataclasses import replace
+
+    from cocodet.errors import UserError
+    from cocodet.modes import last_run
+
+    monkeypatch.chdir(tmp_path)
+    mine = str(tmp_path / "coco")
+    fake_run(tmp_path / "outputs" / "a", 1000, mine)  # this dataset and model (pretrained: not the model)
+    fake_run(tmp_path / "outputs" / "b", 1001, str(tmp_path / "other"))  # another dataset, newer
+    fake_run(tmp_path / "outputs" / "c", 1002, mine, fpn=64)  # another model width, newer
+    fake_run(tmp_path / "outputs" / "d", 1003, None)  # no saved config: cannot tell, newest
+    spec = spec_of("dataset=coco", f"dataset.root={mine}", "ckpt_path=last", run_dir=tmp_path / "new")
+    assert last_run.resume_path(spec) == str(Path("outputs") / "a" / "checkpoints" / "last.ckpt")
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("ckpt_path=last: resuming run outputs/a from last.ckpt") and "passed over 3 newer" in line
+    assert f"dataset.root '{tmp_path / 'other'}'" in line and "model.detector.fpn_channels 64" in line, line
+
+    other = spec_of("dataset=coco", f"dataset.root={tmp_path / 'third'}", "ckpt_path=last", run_dir=tmp_path / "new")
+    with pytest.raises(UserError, match="none of the 4 runs under outputs with a checkpoint was trained on this dataset"):
+        last_run.resume_path(other)
+    given = spec_of("dataset=coco", f"dataset.root={mine}", "ckpt_path=last", run_dir=tmp_path / "empty", given=True)
+    with pytest.raises(UserError, match="no checkpoint in .*empty, the hydra.run.dir you gave"):
+        last_run.resume_path(given)
+    here = fake_run(tmp_path / "requeued", 999, None)  # this run's own folder first, whatever its age
+    assert last_run.resume_path(replace(given, run_dir=tmp_path / "requeued")) == str(here)

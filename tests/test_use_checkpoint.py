@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_in_process, run_train
-from cocodet.models.evaluation import evaluate, load_ground_truth
+from cocodet.models.evaluation import ALL_STAT_NAMES as STATS, evaluate, load_ground_truth
 
 pytestmark = pytest.mark.slow
 
@@ -62,12 +62,22 @@ def use(trained, mode: str, name: str, *extra) -> dict:
                           trained["base"] / name)
 
 
+def bare(trained, mode: str, name: str, *extra) -> dict:
+    """``python train.py mode=<mode> ckpt_path=<the run's checkpoint>``, as README shows it: no
+    dataset or model arguments (the checkpoint carries the groups it was trained with)."""
+    proc, s = run_train([f"mode={mode}", f"ckpt_path={trained['ckpt']}", *extra], trained["base"] / name)
+    assert "as the run was trained (from last.ckpt)" in proc.stdout + proc.stderr
+    return s
+
+
 def test_eval_reproduces_the_last_validation(trained):
     s = use(trained, "eval", "eval")
     train = trained["summary"]
     assert train["map"] > 0
     for key in ("map", "map50", "map75", "map_small", "map_medium", "map_large"):
         assert s[key] == train[key], key
+    alone = bare(trained, "eval", "eval_bare")  # the 12 stats without repeating the run's dataset arguments
+    assert {k: alone[k] for k in STATS} == {k: s[k] for k in STATS} and alone["images"] == s["images"]
     assert {"mar_1", "mar_10", "mar_100", "mar_large"} <= set(s) and s["images"] == N_VAL
     names = [r["name"] for r in s["per_category"]]
     assert sorted(names) == ["circle", "square", "triangle"]
@@ -92,10 +102,15 @@ def test_predict_results_score_like_validation_and_standalone_export_matches(tra
     assert evaluate(gt, results, backend="pycocotools")["map"] == pytest.approx(trained["summary"]["map"], abs=1e-4)
     assert len(list(Path(s["drawn"]).glob("*.png"))) == N_VAL
 
+    alone = bare(trained, "predict", "predict_bare", f"predict.source={root / 'val'}", "predict.score_threshold=0")
+    assert json.loads(Path(alone["predictions"]).read_text()) == results  # no dataset arguments: the same results
+
     images = json.loads(Path(s["images_json"]).read_text())[:4]
     for fmt in ("torchscript", "onnx"):  # ONNX proven on fcos_resnet18_fpn (the default model)
         e = use(trained, "export", f"export_{fmt}", f"export.format={fmt}")
         meta = json.loads(Path(e["metadata"]).read_text())
+        if fmt == "torchscript":  # and without the dataset arguments: the same model and categories
+            assert json.loads(Path(bare(trained, "export", "export_bare")["metadata"]).read_text()) == meta
         assert meta["format"] == fmt and meta["model"] == "fcos_resnet18_fpn" and meta["input"]["size"] == 128
         assert [c["name"] for c in meta["categories"]] == ["circle", "square", "triangle"]
         assert_standalone_matches(e, images, results)

@@ -19,6 +19,8 @@ from cocodet.models.skipped_step import BufferSnapshot, drop_gradients, gradient
 
 log = logging.getLogger(__name__)
 
+RUN_CONFIG_KEY = "cocodet_config"  # a checkpoint's copy of the groups its run was built from (plain values)
+
 
 class DetectorModule(L.LightningModule):
     """Trains a torchvision detector on restored batches ``(images, targets)``.
@@ -52,6 +54,10 @@ class DetectorModule(L.LightningModule):
                  health: dict | None = None, ema: dict | None = None, loader_resizes: bool = False,
                  lr_scaling: dict | None = None):
         super().__init__()
+        # The dataset, model and augment groups this run was built from (plain values; set by the
+        # wiring, which has them): kept in every checkpoint under RUN_CONFIG_KEY, so that
+        # mode=eval|predict|export can read them back (run_spec/trained_config.py).
+        self.run_config: dict | None = None
         self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size, loader_resizes=loader_resizes)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.scheduler_interval = scheduler_interval
@@ -180,6 +186,8 @@ class DetectorModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["cocodet_health"] = self.health.state_dict()
+        if self.run_config is not None:
+            checkpoint[RUN_CONFIG_KEY] = self.run_config
 
     def on_validation_epoch_start(self):
         self._by_image = {}

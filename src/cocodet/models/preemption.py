@@ -21,7 +21,6 @@ from pathlib import Path
 import lightning as L
 
 from cocodet.storage.store import StoreDown
-from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -107,19 +106,10 @@ def run_of(checkpoint: Path) -> Path:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
 
 
-def find_last_checkpoint(run_dir: Path, outputs_root: Path) -> Path:
-    """``ckpt_path=last``: the newest checkpoint of any kind (``last``, ``resume``, the best,
-    ``hpc_ckpt_*``, by mtime) in ``run_dir`` (a requeued job passing the same ``hydra.run.dir``),
-    else the newest of any run under ``outputs_root``. Any kind: a run preempted before its
-    first epoch end holds only ``resume.ckpt``, and skipping it would resume an older run."""
-    here = newest_checkpoint(run_dir)
-    if here is not None:
-        return here
-    found = [*outputs_root.glob("**/checkpoints/*.ckpt"), *outputs_root.glob("**/hpc_ckpt_*.ckpt")]
-    if not found:
-        raise UserError(f"ckpt_path=last found no checkpoint in {run_dir} nor in any run under {outputs_root}; "
-                        "pass hydra.run.dir=<the interrupted run's folder> or ckpt_path=<file>")
-    return max(found, key=lambda p: p.stat().st_mtime)
+def checkpoints_under(outputs_root: Path) -> list[Path]:
+    """Every checkpoint of every run under ``outputs_root`` (``ckpt_path=last`` picks among them,
+    ``modes/last_run.py``)."""
+    return [*outputs_root.glob("**/checkpoints/*.ckpt"), *outputs_root.glob("**/hpc_ckpt_*.ckpt")]
 
 
 def resume_line(checkpoint: Path, run_dir: Path) -> str:

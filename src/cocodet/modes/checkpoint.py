@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 from cocodet.loader.plan_record import LoaderPlan
-from cocodet.modes.wiring import build_datamodule, build_module, build_trainer, resume_path
+from cocodet.modes.last_run import resume_path
+from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
 from cocodet.run_spec.records import RunSpec
 
 

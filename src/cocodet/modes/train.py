@@ -22,7 +22,9 @@ from cocodet.models.health import nonfinite_tensors
 from cocodet.models.prediction_grid import PredictionGrid
 from cocodet.models.preemption import PreemptionCheckpoint
 from cocodet.models.zoo import seed_model_init
-from cocodet.modes.wiring import build_datamodule, build_module, build_trainer, resume_path
+from cocodet.inference.checkpoint import load_weights
+from cocodet.modes.last_run import resume_path
+from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
 from cocodet.ranks import Ranks, check_ranks, finish_ranks
 from cocodet.run_spec.records import RunSpec
 from cocodet.timing.callback import LoaderTimingCallback
@@ -40,6 +42,8 @@ def train(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     datamodule = build_datamodule(spec, plan)
     seed_model_init(spec.seed)
     module = build_module(spec, datamodule)
+    if ckpt:  # another model's or dataset's weights: the one line mode=eval gives, before Lightning's traceback could
+        load_weights(module, ckpt, weights_only)
     trainer = build_trainer(spec)
     prepare_tracking(trainer, spec.config, plan, resumed_run_id)
     return fit(trainer, module, datamodule, plan, ckpt_path=ckpt, weights_only=weights_only,

@@ -5,9 +5,7 @@ with Hydra ``instantiate`` from the spec's plain dicts; everything below takes p
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 from hydra.utils import get_class, instantiate
 
@@ -54,9 +52,18 @@ def build_datamodule(spec: RunSpec, plan: LoaderPlan):
 
 
 def build_module(spec: RunSpec, datamodule):
-    return instantiate(spec.model.config, val_ann_file=datamodule.val_ann_file, image_size=spec.dataset.image_size,
-                       loader_resizes=spec.model.loader_resizes,
-                       category_ids=datamodule.train_index.category_ids.tolist(), _recursive_=True)
+    module = instantiate(spec.model.config, val_ann_file=datamodule.val_ann_file, image_size=spec.dataset.image_size,
+                         loader_resizes=spec.model.loader_resizes,
+                         category_ids=datamodule.train_index.category_ids.tolist(), _recursive_=True)
+    module.run_config = trained_groups(spec)  # not through instantiate: its _target_ keys are data here
+    return module
+
+
+def trained_groups(spec: RunSpec) -> dict:
+    """The groups a checkpoint carries (``run_spec/trained_config.py`` reads them back), as this
+    run read them: the dataset (its store options: never credentials), the model, the augment recipe."""
+    dataset = {"_target_": spec.dataset.target, **spec.dataset.options, "storage_options": spec.storage.options}
+    return {"dataset": dataset, "model": spec.model.config, "augment": spec.recipe.config}
 
 
 def build_trainer(spec: RunSpec):
@@ -84,22 +91,3 @@ def build_trainer(spec: RunSpec):
     plugins = [AtomicCheckpointIO(), *([fp16_on_cpu] if fp16_on_cpu is not None else [])]
     return L.Trainer(**args, default_root_dir=str(spec.run_dir), callbacks=callbacks, logger=loggers,
                      plugins=plugins)  # a full disk never truncates the last checkpoint
-
-
-def resume_path(spec: RunSpec) -> str | None:
-    """``ckpt_path``: a file; ``last``, the newest checkpoint of any kind of this run dir (else
-    of any run under ``outputs/``); ``last_if_any``, the newest of this run dir if it has one, else none (start
-    fresh): what a rescheduled pod running its first command needs, and never another run's."""
-    from cocodet.models.preemption import find_last_checkpoint, newest_checkpoint, resume_line
-
-    ckpt, run_dir = spec.ckpt_path, spec.run_dir
-    if ckpt == "last_if_any":
-        path = newest_checkpoint(run_dir)
-        log.info("ckpt_path=last_if_any: %s", f"resuming {path}" if path else f"no checkpoint in {run_dir}, starting fresh")
-        return str(path) if path else None
-    if ckpt != "last":
-        return ckpt
-    path = find_last_checkpoint(run_dir, Path("outputs"))
-    if spec.ranks.global_rank == 0:  # one line per run, not per rank
-        print(resume_line(path, run_dir), file=sys.stderr, flush=True)
-    return str(path)

@@ -1,6 +1,14 @@
 """Config tree -> :class:`RunSpec`, once, at start (``app.run``): the only reader of the tree
 besides ``run_spec/validate.py`` (which runs first) and ``cocodet.tracking`` (its parameters).
 
+``mode=eval|predict|export ckpt_path=<file>`` first takes the dataset, model and augment groups
+the run was trained with (``with_trained_config``), so that a user names the checkpoint and not
+the run's whole config again: from the checkpoint itself (training keeps them under
+``models.detector.RUN_CONFIG_KEY``), else the run folder's ``.hydra/config.yaml`` (checkpoints
+written before they carried them). The command line still wins: a group chosen on it
+(``dataset=coco``, ``model=...``, ``augment=...``, or an ``experiment=``) is the composed one,
+and each ``group.key=value`` it sets is applied over the trained group.
+
 One pass, downward: the tree as plain Python, validated, old ``_target_`` paths mapped, then
 each group handed to the layer that owns its meaning (the recipe's shape to the loader's
 batch geometry, the loader group to the plan's request, the trainer's arguments to the ranks).
@@ -8,10 +16,11 @@ batch geometry, the loader group to the plan's request, the trainer's arguments 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from cocodet.compat import current_targets
 from cocodet.loader.flat_layout import batch_geometry
@@ -23,14 +32,20 @@ from cocodet.run_spec.validate import validate
 from cocodet.transforms.recipe import Recipe
 from cocodet.transforms.reference_presets import ReferencePreset
 
+log = logging.getLogger(__name__)
+
 MODE_GROUPS = ("bench", "eval", "predict", "export", "preview")
+CHECKPOINT_MODES = ("eval", "predict", "export")  # they read a checkpoint's weights ...
+TRAINED_GROUPS = ("dataset", "model", "augment")  # ... and, unless the command line chooses them, its groups
 
 
 def read_spec(cfg: DictConfig) -> RunSpec:
-    """Validate ``cfg`` (``run_spec/validate.py``: exit 2 naming the key), map old ``_target_``
-    paths (``compat.py``), then read each group once."""
-    tree = plain_tree(cfg)
+    """The groups a checkpoint was trained with, for the modes that use one
+    (``run_spec/trained_config.py``); validate ``cfg`` (``run_spec/validate.py``: exit 2 naming
+    the key), map old ``_target_`` paths (``compat.py``), then read each group once."""
     overrides = cli_overrides()
+    with_trained_config(cfg, overrides)  # eval|predict|export: the groups the checkpoint was trained with
+    tree = plain_tree(cfg)
     validate(cfg, tree, overrides)
     current_targets(tree)
     data = tree["dataset"]
@@ -56,7 +71,8 @@ def read_spec(cfg: DictConfig) -> RunSpec:
         trainer=TrainerSpec(args=trainer, callbacks=list((tree.get("callbacks") or {}).values()),
                             loggers=tree.get("logger") or {}, cuda=cuda),
         ckpt_path=tree.get("ckpt_path"), weights_only=bool(tree.get("weights_only", True)),
-        modes={m: tree.get(m) or {} for m in MODE_GROUPS}, config=cfg)
+        modes={m: tree.get(m) or {} for m in MODE_GROUPS}, config=cfg,
+        run_dir_given=any(o.split("=", 1)[0] == "hydra.run.dir" for o in hydra_overrides()))
 
 
 def plain_tree(cfg: DictConfig) -> dict:
@@ -64,8 +80,68 @@ def plain_tree(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
+
+
+def with_trained_config(cfg: DictConfig, overrides: list[str]) -> None:
+    """Replace, in place, the groups of ``cfg`` the command line did not choose by those the
+    checkpoint was trained with, keeping every ``group.key=value`` of the command line."""
+    from hydra.core.hydra_config import HydraConfig
+
+    ckpt = cfg.get("ckpt_path")
+    if not HydraConfig.initialized():  # composed by a program (tests, an API user): it says what it means
+        return
+    if cfg.get("mode") not in CHECKPOINT_MODES or not ckpt or ckpt in ("last", "last_if_any") or not Path(str(ckpt)).is_file():
+        return  # a missing file is refused, in one line, where the weights are read
+    keys = [o.lstrip("+").split("=", 1)[0] for o in overrides if not o.startswith("~")]
+    chosen = {k for k in keys if k in TRAINED_GROUPS} | (set(TRAINED_GROUPS) if "experiment" in keys else set())
+    wanted = [g for g in TRAINED_GROUPS if g not in chosen]
+    if not wanted:
+        return
+    trained, source = _trained_groups(Path(str(ckpt)), bool(cfg.get("weights_only", True)))
+    if trained is None:
+        log.info("%s: the run's config is neither in the checkpoint nor beside it; the dataset and model are this "
+                 "command's", ckpt)
+        return
+    with open_dict(cfg):
+        for group in (g for g in wanted if trained.get(g) is not None):
+            node = OmegaConf.create(trained[group])
+            for key in (k for k in keys if k.startswith(group + ".")):
+                OmegaConf.update(node, key[len(group) + 1:], OmegaConf.select(cfg, key), merge=False, force_add=True)
+            cfg[group] = node
+    log.info("mode=%s: %s as the run was trained (%s); the command line's own keys over them", cfg.mode,
+             ", ".join(wanted), source)
+
+
+def _trained_groups(ckpt: Path, weights_only: bool) -> tuple[dict | None, str]:
+    """(the trained groups, where they were found), or (None, ""). The checkpoint is mapped, not
+    read: only its small dict of groups is; a file torch refuses is refused, in one line, where
+    the mode reads its weights (``models/checkpoint_file.py``)."""
+    import torch
+
+    from cocodet.models.detector import RUN_CONFIG_KEY
+
+    try:
+        groups = torch.load(ckpt, map_location="cpu", weights_only=weights_only, mmap=True).get(RUN_CONFIG_KEY)
+    except Exception:  # noqa: BLE001 - any refusal is worded where the weights are read
+        groups = None
+    if groups:
+        return groups, f"from {ckpt.name}"
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    saved = run / ".hydra" / "config.yaml"
+    if saved.is_file():
+        return OmegaConf.to_container(OmegaConf.load(saved), resolve=False), f"from {saved}"
+    return None, ""
+
+
 def cli_overrides() -> list[str]:
     """This run's own command-line overrides (what makes a worker count 'explicit')."""
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def hydra_overrides() -> list[str]:
+    """This run's command-line overrides of Hydra's own keys (``hydra.run.dir=...``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.hydra) if HydraConfig.initialized() else []

@@ -169,6 +169,7 @@ class RunSpec:
     ckpt_path: str | None
     weights_only: bool
     modes: dict = field(default_factory=dict)
+    run_dir_given: bool = False  # hydra.run.dir on the command line: ckpt_path=last looks there only
     config: Any = None
 
     def settings(self, mode: str) -> dict:

@@ -1,0 +1,108 @@
+"""``ckpt_path``: which checkpoint a run resumes (or a mode loads), and why (README "Resuming").
+
+- a file: that file;
+- ``last_if_any``: the newest checkpoint of this run's folder if it has one, else none (start
+  fresh): what a rescheduled pod running its first command needs, and never another run's;
+- ``last``: this run's folder first (a requeued job's); with ``hydra.run.dir`` on the command
+  line, that folder only; else the newest run under ``outputs/`` whose dataset and model are this
+  run's, as its saved ``.hydra/config.yaml`` says; runs of another dataset or model are passed
+  over, and the line printed says which run was taken and how many were passed over, and why.
+
+Whatever is taken must still fit the model this run builds: the modes load it through
+``inference/checkpoint.py:load_weights``, which refuses another shape in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from cocodet.errors import UserError
+from cocodet.models.preemption import checkpoints_under, newest_checkpoint, resume_line, run_of
+from cocodet.run_spec.records import RunSpec
+
+log = logging.getLogger(__name__)
+
+OUTPUTS = Path("outputs")
+# The dataset keys that say which images and labels a run learned (not how they were loaded).
+DATASET_IDENTITY = ("root", "train_images", "train_ann", "val_images", "val_ann", "synthetic")
+# model.detector keys that only say where the first weights came from: a resumed run has its own.
+INITIAL_WEIGHTS = {"pretrained", "pretrained_backbone", "weights_path", "weights_backbone_path"}
+
+
+def resume_path(spec: RunSpec) -> str | None:
+    """The checkpoint ``spec.ckpt_path`` names, as the module docstring says."""
+    ckpt, run_dir = spec.ckpt_path, spec.run_dir
+    if ckpt == "last_if_any":
+        path = newest_checkpoint(run_dir)
+        log.info("ckpt_path=last_if_any: %s", f"resuming {path}" if path else f"no checkpoint in {run_dir}, starting fresh")
+        return str(path) if path else None
+    if ckpt != "last":
+        return ckpt
+    path, why = newest_checkpoint(run_dir), ""  # this run's own folder first (a requeued job's)
+    if path is None and spec.run_dir_given:
+        raise UserError(f"ckpt_path=last: no checkpoint in {run_dir}, the hydra.run.dir you gave (looked in "
+                        f"{run_dir / 'checkpoints'} and for hpc_ckpt_*.ckpt); pass the folder of the run to "
+                        "resume, ckpt_path=<file>, or ckpt_path=last_if_any to start fresh there")
+    if path is None:
+        path, why = newest_fitting(spec, OUTPUTS)
+    if spec.ranks.global_rank == 0:  # one line per run, not per rank
+        print(resume_line(path, run_dir) + why, file=sys.stderr, flush=True)
+    return str(path)
+
+
+def newest_fitting(spec: RunSpec, outputs: Path) -> tuple[Path, str]:
+    """(the newest checkpoint under ``outputs`` of a run with this dataset and model, what was
+    passed over): by mtime, any kind (a run preempted before its first epoch end holds only
+    ``resume.ckpt``)."""
+    found = sorted(checkpoints_under(outputs), key=lambda p: p.stat().st_mtime, reverse=True)
+    if not found:
+        raise UserError(f"ckpt_path=last found no checkpoint in {spec.run_dir} nor in any run under {outputs}; "
+                        "pass hydra.run.dir=<the interrupted run's folder> or ckpt_path=<file>")
+    passed: dict[Path, str] = {}
+    for checkpoint in found:
+        run = run_of(checkpoint)
+        if run not in passed:
+            passed[run] = differs(spec, run)
+        if not passed[run]:
+            others = {r: why for r, why in passed.items() if why}
+            return checkpoint, (f" (the newest of the runs under {outputs} with this dataset and model; passed over "
+                                f"{len(others)} newer: {_listed(others)})" if others else "")
+    raise UserError(f"ckpt_path=last: none of the {len(passed)} runs under {outputs} with a checkpoint was trained on "
+                    f"this dataset and model ({_listed(passed)}); pass hydra.run.dir=<the run's folder> or "
+                    "ckpt_path=<file>")
+
+
+def differs(spec: RunSpec, run: Path) -> str:
+    """Why ``run`` is not this run's (its saved config's dataset or model differs), or "" when it is."""
+    saved_file = run / ".hydra" / "config.yaml"
+    try:
+        saved = yaml.safe_load(saved_file.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return f"no readable {saved_file}"
+    data = saved.get("dataset") or {}
+    for key in DATASET_IDENTITY:
+        ours, theirs = spec.dataset.get(key), data.get(key)
+        if key == "root" and ours is not None and theirs is not None:
+            ours, theirs = _where(str(ours)), _where(str(theirs))
+        if ours != theirs:
+            return f"dataset.{key} {theirs!r}"
+    detector = (saved.get("model") or {}).get("detector") or {}
+    ours = (spec.model.config.get("detector") or {}) if spec.model is not None else {}
+    for key in sorted((set(detector) & set(ours)) - INITIAL_WEIGHTS):  # keys both know (a release may add some)
+        if detector.get(key) != ours.get(key):
+            return f"model.detector.{key} {detector.get(key)!r}"
+    return ""
+
+
+def _where(root: str) -> str:
+    return root if "://" in root else os.path.abspath(os.path.expanduser(root))
+
+
+def _listed(why: dict[Path, str]) -> str:
+    shown = [f"{run} ({reason})" for run, reason in list(why.items())[:3]]
+    return "; ".join(shown) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
