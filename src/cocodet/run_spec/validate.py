@@ -11,6 +11,7 @@ rule names the key, the value and what is allowed, in one line a user can act on
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import inspect
 
 from omegaconf import DictConfig, OmegaConf
@@ -81,7 +82,7 @@ def check_signatures(tree: dict, overrides: list[str]) -> None:
     key in the modes that build them; in ``LIGHT_MODES``, the keys a ``+`` override appended."""
     light = tree.get("mode") in LIGHT_MODES
     trainer = set(tree.get("trainer") or {}) if not light else _appended(overrides, "trainer")
-    if trainer:
+    if trainer and importlib.util.find_spec("lightning") is not None:  # not installed: its import fails on its own
         import lightning
 
         _check("trainer", trainer, lightning.Trainer.__init__, "Lightning's Trainer")
@@ -90,7 +91,11 @@ def check_signatures(tree: dict, overrides: list[str]) -> None:
     if keys and optimizer.get("_target_"):
         from hydra.utils import get_class
 
-        _check("model.optimizer", keys, get_class(str(optimizer["_target_"])).__init__, str(optimizer["_target_"]))
+        try:
+            cls = get_class(str(optimizer["_target_"]))
+        except Exception:  # noqa: BLE001 - not importable here: instantiate names it where the model is built
+            return
+        _check("model.optimizer", keys, cls.__init__, str(optimizer["_target_"]))
 
 
 def _appended(overrides: list[str], group: str) -> set[str]:
