@@ -76,6 +76,21 @@ def test_a_declared_extension_of_an_open_group_still_runs(monkeypatch, tmp_path,
     assert spec.model.config["optimizer"]["fused"] is False and spec.trainer.args["deterministic"] is True
 
 
+def test_a_checkpoints_config_never_names_code_to_run(monkeypatch, tmp_path, capsys):
+    """mode=eval reads the groups a checkpoint was trained with; a _target_ in them that is not
+    cocodet's or torch.optim's is refused under weights_only=true, before anything is built."""
+    import torch
+
+    pwned = tmp_path / "pwned"
+    hostile = {"_target_": "cocodet.models.detector.DetectorModule",
+               "detector": {"_target_": "os.system", "command": f"touch {pwned}"}}
+    torch.save({"state_dict": {}, "cocodet_config": {"model": hostile}}, tmp_path / "hostile.ckpt")
+    assert run_entry(monkeypatch, tmp_path, "mode=eval", f"ckpt_path={tmp_path / 'hostile.ckpt'}") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "names model.detector._target_=os.system" in err[0], err
+    assert not pwned.exists()
+
+
 def test_missing_dataset_root_exits_2_naming_the_path(monkeypatch, tmp_path, capsys):
     missing = tmp_path / "nonexistent"
     assert run_entry(monkeypatch, tmp_path, "dataset=coco", f"dataset.root={missing}") == 2

@@ -35,7 +35,7 @@ def current_targets(tree: dict) -> list[str]:
     """Rewrite, in place, each ``_target_`` of ``tree`` (the config as plain Python) that names a
     moved class; the keys rewritten (``augment._target_``, ...)."""
     rewritten = []
-    for key, node, old in _targets(tree, ""):
+    for key, node, old in targets_in(tree, ""):
         new = MOVED_TARGETS.get(old) if isinstance(old, str) else None
         if new is None:
             continue
@@ -48,15 +48,15 @@ def current_targets(tree: dict) -> list[str]:
     return rewritten
 
 
-def _targets(node, prefix: str):
+def targets_in(node, prefix: str):
     """(dotted key, the dict that holds it, value) of every ``_target_`` under ``node``, a plain
     container (listed first: the rewrite changes the dicts)."""
     found = []
     if isinstance(node, dict):
         for key, value in node.items():
             path = f"{prefix}.{key}" if prefix else str(key)
-            found += [(path, node, value)] if key == "_target_" else _targets(value, path)
+            found += [(path, node, value)] if key == "_target_" else targets_in(value, path)
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            found += _targets(value, f"{prefix}.{i}")
+            found += targets_in(value, f"{prefix}.{i}")
     return found

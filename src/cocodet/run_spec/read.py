@@ -22,7 +22,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from cocodet.compat import current_targets
+from cocodet.compat import current_targets, targets_in
+from cocodet.errors import ConfigError
 from cocodet.loader.flat_layout import batch_geometry
 from cocodet.loader.worker_request import loader_request
 from cocodet.ranks import trainer_ranks
@@ -107,9 +108,27 @@ def with_trained_config(cfg: DictConfig, overrides: list[str]) -> None:
             node = OmegaConf.create(trained[group])
             for key in (k for k in keys if k.startswith(group + ".")):
                 OmegaConf.update(node, key[len(group) + 1:], OmegaConf.select(cfg, key), merge=False, force_add=True)
+            if cfg.get("weights_only", True):
+                _refuse_foreign_targets(OmegaConf.to_container(node, resolve=False), group, keys, str(ckpt))
             cfg[group] = node
     log.info("mode=%s: %s as the run was trained (%s); the command line's own keys over them", cfg.mode,
              ", ".join(wanted), source)
+
+
+# What a checkpoint's config may name for Hydra to build, when the checkpoint is not trusted with
+# code (weights_only=true): cocodet's own classes and torch's optimizers and schedulers. A
+# checkpoint is data; a _target_ in it is code that instantiate would run.
+TRUSTED_TARGETS = ("cocodet.", "torch.optim.")
+
+
+def _refuse_foreign_targets(group_tree: dict, group: str, keys: list[str], ckpt: str) -> None:
+    """ConfigError for a ``_target_`` the checkpoint names outside ``TRUSTED_TARGETS`` (one the
+    command line set itself is the user's own)."""
+    for path, _, target in targets_in(group_tree, group):
+        if path not in keys and not str(target).startswith(TRUSTED_TARGETS):
+            raise ConfigError(f"{ckpt} names {path}={target} for its run's config, which is not cocodet's or "
+                              f"torch.optim's: with weights_only=true a checkpoint's config never names code to run. "
+                              f"Pass {group}=... (or {path}=...) yourself, or weights_only=false for a file you trust")
 
 
 def _trained_groups(ckpt: Path, weights_only: bool) -> tuple[dict | None, str]:
