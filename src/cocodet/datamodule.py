@@ -76,6 +76,8 @@ class CocoDataModule(L.LightningDataModule):
         max_image_pixels: images whose header is larger are bad samples, never decoded.
         group_aspect_ratio: train batches from one of 2k + 2 aspect-ratio bins
             (``loader/grouped_sampler.py``); None: batches in shuffled order.
+        layout: "coco" (the arguments above), or "yolo": an Ultralytics ``data.yaml`` (``yaml``,
+            else ``<root>/data.yaml``) names the splits and classes (``coco/yolo_index.py``).
         remote: a URL root's store settings (``conf/dataset/coco.yaml``); here the read-ahead's
             ``cache_dir``, ``cache_bytes`` and ``concurrency`` (``read_ahead/start.py``). The store
             itself is configured once per run, before any mode reads (``app.run``).
@@ -87,7 +89,7 @@ class CocoDataModule(L.LightningDataModule):
                  verify: bool = False, synthetic: dict | None = None, cache_dir: str | None = None,
                  cache: str = "none", run_dir: str | None = None, replanner: Replanner | None = None,
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, group_aspect_ratio: int | None = None,
-                 remote: dict | None = None):
+                 remote: dict | None = None, layout: str = "coco", yaml: str | None = None):
         super().__init__()
         # Where the train split is stored (a remote root's read-ahead reads it, read_ahead/start.py).
         self.train_store = {"root": root, "images": train_images, "remote": dict(remote or {}), "cache_dir": cache_dir}
@@ -106,12 +108,15 @@ class CocoDataModule(L.LightningDataModule):
                 f"about 100 GB); use dataset.cache=none, or augment=mosaic|basic|none")
         keep_empty = recipe.keep_empty if keep_empty is None else keep_empty
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
-                                                       on_bad_sample, synthetic, cache_dir)
+                                                       on_bad_sample, synthetic, cache_dir, layout, yaml)
         self.bad_samples.split_sizes = {"train": len(self.train_index), "val": len(self.val_index)}
         if verify:
             self._verify(on_bad_sample, max_image_pixels)
-        self.val_ann_file = str(annotation_file(root, val_ann, cache_dir))  # COCOeval reads a local file
-        self.train_ann_file = str(annotation_file(root, train_ann, cache_dir))
+        if layout == "yolo":  # the ground truth built from the labels, beside the cached index
+            self.val_ann_file, self.train_ann_file = self.val_index.ann_file, self.train_index.ann_file
+        else:  # COCOeval reads a local file
+            self.val_ann_file = str(annotation_file(root, val_ann, cache_dir))
+            self.train_ann_file = str(annotation_file(root, train_ann, cache_dir))
         self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
         # The plan in force for both loaders; after a re-plan, the smaller one.
         self.replanner = replanner or Replanner(plan)

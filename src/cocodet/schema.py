@@ -34,7 +34,8 @@ PARTNERS = ("window", "pool", "dataset")  # where mosaic partners come from (tra
 # (tests/test_config.py keeps it equal to the constructor's signature).
 DATASET_KEYS = ("_target_", "root", "train_images", "train_ann", "val_images", "val_ann", "image_size",
                 "keep_empty", "on_bad_sample", "verify", "synthetic", "cache_dir", "cache", "max_image_pixels",
-                "storage_options", "remote")
+                "storage_options", "remote", "layout", "yaml")
+DATASET_LAYOUTS = ("coco", "yolo")
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ RULES = (
     Rule("dataset.remote.concurrency", _int(1), "an integer >= 1 (GETs in flight)"),
     Rule("dataset.image_size", _int(32), "an integer >= 32 (pixels of the letterboxed side)"),
     _choice("dataset.on_bad_sample", ON_BAD_SAMPLE),
+    _choice("dataset.layout", DATASET_LAYOUTS),
+    Rule("dataset.yaml", lambda v: isinstance(v, str) and bool(v), "the path of a data.yaml (dataset=yolo), or null "
+         "for <dataset.root>/data.yaml", optional=True),
     _choice("dataset.keep_empty", (True, False, "reference"),
             "for the recipe's default (true; reference with augment=hflip|multiscale|lsj)"),
     _choice("dataset.cache", CACHE_MODES),

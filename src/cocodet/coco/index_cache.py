@@ -18,6 +18,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -53,36 +54,48 @@ def cached_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, kee
     that cannot be written and holds no valid index, with a warning.
     """
     image_root, ann_file = str(image_root), Path(ann_file)
+    build = lambda: build_index(image_root, ann_file, keep_empty=keep_empty)  # noqa: E731
     if cache_dir is None or not ann_file.is_file() or not is_dir(image_root):
-        return build_index(image_root, ann_file, keep_empty=keep_empty)  # build_index names what is missing
-    cache = Path(os.path.expanduser(str(cache_dir)))
+        return build()  # build_index names what is missing
     key = index_key(image_root, ann_file, keep_empty)
-    folder = cache / f"index-{ann_file.stem}-{key}"
+    return through_cache(cache_dir, f"index-{ann_file.stem}-{key}", key, build, str(ann_file))
 
+
+def through_cache(cache_dir: str | os.PathLike, name: str, key: str, build: Callable[[], CocoIndex], what: str,
+                  extra: Callable[[CocoIndex, Path], dict[str, str]] | None = None) -> CocoIndex:
+    """The index cached as ``<cache_dir>/<name>``: read when valid, else ``build()``-t and stored
+    (one build among concurrent ranks: ``storage/cache_files.py``). ``extra(index, tmp)`` writes more
+    files beside the arrays and returns {index field: file name} to point at them (the YOLO
+    ground truth). A cache folder that cannot be written: built in memory, with a warning."""
+    cache = Path(os.path.expanduser(str(cache_dir)))
+    folder = cache / name
     built = []
 
-    def build() -> None:
-        index = build_index(image_root, ann_file, keep_empty=keep_empty)
-        build_atomically(folder, lambda tmp: _write(index, tmp, key))
+    def build_into() -> None:
+        index = build()
+        build_atomically(folder, lambda tmp: _write(index, tmp, key, folder, extra))
         built.append(True)
-        log.info("built the index of %s and cached it in %s", ann_file, folder)
+        log.info("built the index of %s and cached it in %s", what, folder)
 
     try:
         ensure_folder(cache)
-        build_once(folder, build, {"format": INDEX_FORMAT, "key": key})
+        build_once(folder, build_into, {"format": INDEX_FORMAT, "key": key})
     except CacheUnwritable as e:
-        log.warning("dataset.cache_dir=%s: %s; indexing %s without a cache (every start parses it again). "
-                    "Point dataset.cache_dir at a writable folder to keep the index", cache_dir, e.strerror, ann_file)
-        return build_index(image_root, ann_file, keep_empty=keep_empty)
+        log.warning("dataset.cache_dir=%s: %s; indexing %s without a cache (every start reads it again). "
+                    "Point dataset.cache_dir at a writable folder to keep the index", cache_dir, e.strerror, what)
+        return build()
     if not built:
-        log.info("read the cached index of %s from %s", ann_file, folder)
+        log.info("read the cached index of %s from %s", what, folder)
     return _read(folder)
 
 
-def _write(index: CocoIndex, tmp: Path, key: str) -> dict:
+def _write(index: CocoIndex, tmp: Path, key: str, folder: Path, extra) -> dict:
     for name in ARRAYS:
         np.save(tmp / f"{name}.npy", getattr(index, name), allow_pickle=False)
-    return {"category_names": index.category_names, "ann_file": index.ann_file, "dropped": index.dropped,
+    fields = {"ann_file": index.ann_file}
+    if extra is not None:  # files written beside the arrays, named by where they will be
+        fields.update({field: str(folder / file) for field, file in extra(index, tmp).items()})
+    return {"category_names": index.category_names, "ann_file": fields["ann_file"], "dropped": index.dropped,
             "format": INDEX_FORMAT, "key": key}
 
 

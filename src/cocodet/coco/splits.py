@@ -16,13 +16,21 @@ _local_copies: dict[tuple[str, str | None], Path] = {}  # (URL, cache_dir) -> th
 
 
 def load_splits(root: str, train_images: str, train_ann: str, val_images: str, val_ann: str, keep_empty: bool = True,
-                on_bad_sample: str = "raise", synthetic: dict | None = None, cache_dir: str | None = None) -> tuple[CocoIndex, CocoIndex]:
-    """(train, val) indexes of the dataset under ``root`` (arguments as in ``conf/dataset/coco.yaml``).
+                on_bad_sample: str = "raise", synthetic: dict | None = None, cache_dir: str | None = None,
+                layout: str = "coco", yaml: str | None = None) -> tuple[CocoIndex, CocoIndex]:
+    """(train, val) indexes of the dataset under ``root`` (arguments as in ``conf/dataset/coco.yaml``),
+    or, with ``layout="yolo"``, of the one ``yaml`` (or ``<root>/data.yaml``) describes
+    (``conf/dataset/yolo.yaml``; the ``*_images``/``*_ann`` arguments are not read).
 
     Generates the synthetic dataset first when ``synthetic`` is given; refuses a missing root,
-    splits with different category lists and, with ``on_bad_sample=raise``, file names that
-    escape the image root.
+    splits with different category lists and, with ``on_bad_sample=raise``, images refused
+    while indexing (file names that escape the image root, unreadable YOLO label lines).
     """
+    if layout == "yolo":
+        from cocodet.coco.yolo_index import yolo_splits
+
+        train, val = yolo_splits(yaml, root, keep_empty, cache_dir)
+        return _checked(train, val, on_bad_sample)
     if synthetic and is_remote(root):
         raise DatasetConfigError(f"dataset.synthetic writes a generated dataset to a local folder, not to "
                                  f"dataset.root={root}; use dataset=coco for a bucket, or a local dataset.root")
@@ -36,6 +44,10 @@ def load_splits(root: str, train_images: str, train_ann: str, val_images: str, v
                                  "dataset.root at a folder holding the split folders and annotations/")
     train = cached_index(join(root, train_images), annotation_file(root, train_ann, cache_dir), keep_empty, cache_dir)
     val = cached_index(join(root, val_images), annotation_file(root, val_ann, cache_dir), True, cache_dir)
+    return _checked(train, val, on_bad_sample)
+
+
+def _checked(train: CocoIndex, val: CocoIndex, on_bad_sample: str) -> tuple[CocoIndex, CocoIndex]:
     if list(train.category_ids) != list(val.category_ids):
         raise DatasetConfigError(f"train and val category ids differ: {train.category_ids.tolist()} vs "
                                  f"{val.category_ids.tolist()}; both splits must share one category list")
@@ -66,4 +78,5 @@ def _refuse_index_problems(index: CocoIndex) -> None:
     if bad:
         listing = "; ".join(f"image_id={i}: {p}" for i, p in bad[:5])
         raise DatasetConfigError(f"{index.ann_file}: {len(bad)} images refused at start: {listing}. "
-                                 "Fix the file names, or set dataset.on_bad_sample=skip to skip them with a record")
+                                 "Fix them (the file names, the label lines), or set dataset.on_bad_sample=skip to "
+                                 "skip them with a record")

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 OUTPUTS = Path("outputs")
 # The dataset keys that say which images and labels a run learned (not how they were loaded).
-DATASET_IDENTITY = ("root", "train_images", "train_ann", "val_images", "val_ann", "synthetic")
+DATASET_IDENTITY = ("layout", "yaml", "root", "train_images", "train_ann", "val_images", "val_ann", "synthetic")
 # model.detector keys that only say where the first weights came from: a resumed run has its own.
 INITIAL_WEIGHTS = {"pretrained", "pretrained_backbone", "weights_path", "weights_backbone_path"}
 

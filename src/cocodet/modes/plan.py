@@ -34,7 +34,7 @@ def dataset_indexes(spec: RunSpec):
 
     d = spec.dataset.options
     return load_splits(d["root"], d["train_images"], d["train_ann"], d["val_images"], d["val_ann"], d["keep_empty"],
-                       d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"))
+                       d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"), d.get("layout", "coco"), d.get("yaml"))
 
 
 def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> dict:

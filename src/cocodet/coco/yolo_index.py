@@ -1,0 +1,200 @@
+"""A YOLO-layout split (``data.yaml``, images, ``labels/*.txt``) as the flat index COCO's splits
+are (``coco/index.py``), cached the same way, with the COCO ground truth COCOeval scores it by.
+
+Image sizes and EXIF orientations come from headers (PIL's lazy open); nothing is decoded at
+start. Image ids are the file stems where all are numeric and distinct, else the positions
+(0, 1, ...) in the split's sorted list of paths; the index is in image-id order, as COCO's is.
+Category ids are the class indices as ``names`` numbers them. Every image must lie under the
+dataset folder (``path``), symlinks resolved, as a COCO image must under its split's folder.
+
+The cache key hashes every image's and label file's path, size and mtime (and the names), so
+an image or label file added, removed or modified rebuilds the index; listing and stating the
+files is all a second start pays (``benchmarks/yolo_index_start.py``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from cocodet.coco.index import CocoIndex, DatasetConfigError, resolve_inside
+from cocodet.coco.index_cache import INDEX_FORMAT, through_cache
+from cocodet.coco.yolo_labels import label_path, read_labels
+from cocodet.coco.yolo_yaml import IMAGE_SUFFIXES, YoloLayout, find_data_yaml, read_data_yaml
+
+GROUND_TRUTH = "ground_truth.json"
+EXIF_ORIENTATION = 0x0112
+
+
+def yolo_splits(yaml_path: str | None, root: str | None, keep_empty: bool | str,
+                cache_dir: str | None) -> tuple[CocoIndex, CocoIndex]:
+    """(train, val) indexes of the dataset ``data.yaml`` describes (``dataset.yaml``, else
+    ``<dataset.root>/data.yaml``); validation keeps its negatives, as COCO's does."""
+    layout = read_data_yaml(find_data_yaml(yaml_path, root))
+    return (split_index(layout, "train", keep_empty, cache_dir), split_index(layout, "val", True, cache_dir))
+
+
+def split_index(layout: YoloLayout, split: str, keep_empty: bool | str, cache_dir: str | None) -> CocoIndex:
+    images = list_images(layout, split)
+    if not images:
+        raise DatasetConfigError(f"{layout.yaml_file}: {split}: no images in {[str(p) for p in layout.splits[split]]} "
+                                 f"(image files end in {', '.join(IMAGE_SUFFIXES)})")
+    build = lambda: build_split_index(layout, split, images, keep_empty)  # noqa: E731
+    if cache_dir is None:
+        index = build()
+    else:
+        key = files_key(layout, images, keep_empty)
+        index = through_cache(cache_dir, f"index-yolo-{split}-{key}", key, build, f"{layout.yaml_file} {split}",
+                              extra=lambda index, tmp: {"ann_file": write_ground_truth(index, tmp)})
+    if not index.ann_file:  # built in memory: its ground truth lives in a folder of this process
+        folder = Path(tempfile.mkdtemp(prefix="cocodet-yolo-"))
+        atexit.register(shutil.rmtree, folder, True)
+        index.ann_file = str(folder / write_ground_truth(index, folder))
+    return index
+
+
+def list_images(layout: YoloLayout, split: str) -> list[str]:
+    """The split's image paths, sorted: the image files under each folder it names (recursively)
+    and the lines of each list file (relative ones taken from the list file's folder)."""
+    found: set[str] = set()
+    for entry in layout.splits[split]:
+        if entry.is_dir():
+            for folder, subfolders, files in os.walk(entry):
+                subfolders.sort()
+                found.update(os.path.join(folder, f) for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES)
+        else:
+            lines = (line.strip() for line in entry.read_text(errors="replace").splitlines())
+            found.update(os.path.normpath(os.path.join(entry.parent, line)) for line in lines if line)
+    return sorted(found)
+
+
+def files_key(layout: YoloLayout, images: list[str], keep_empty: bool | str) -> str:
+    """What the cached index depends on, hashed: the format, names and ``keep_empty``, then each
+    image's and label file's path, size and mtime (a label file listed once per folder)."""
+    digest = hashlib.sha256(json.dumps([INDEX_FORMAT, "yolo", str(layout.root), layout.category_ids, layout.names,
+                                        str(keep_empty)]).encode())
+    label_stats: dict[str, dict[str, tuple[int, int]]] = {}
+    for image in images:
+        label = label_path(image)
+        folder, name = os.path.split(label)
+        if folder not in label_stats:
+            label_stats[folder] = _folder_stats(folder)
+        digest.update(f"{image}\t{_stat(image)}\t{label_stats[folder].get(name)}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _folder_stats(folder: str) -> dict[str, tuple[int, int]]:
+    try:
+        with os.scandir(folder) as entries:
+            return {e.name: (s.st_size, s.st_mtime_ns) for e in entries if e.name.endswith(".txt")
+                    for s in [e.stat()]}
+    except OSError:
+        return {}
+
+
+def image_ids(images: list[str]) -> list[int]:
+    """The stems as integers when all are numeric and distinct, else positions in ``images``."""
+    stems = [Path(p).stem for p in images]
+    if all(s.isdigit() for s in stems) and len(set(map(int, stems))) == len(stems):
+        return [int(s) for s in stems]
+    return list(range(len(images)))
+
+
+def build_split_index(layout: YoloLayout, split: str, images: list[str], keep_empty: bool | str) -> CocoIndex:
+    label_of = {c: k + 1 for k, c in enumerate(layout.category_ids)}
+    classes = frozenset(layout.category_ids)
+    dropped = {"non_finite_box": 0, "degenerate_box": 0, "empty_image": 0}
+    columns: dict[str, list] = {"image_ids": [], "sizes": [], "paths": [], "problems": [], "boxes": [], "labels": []}
+    offsets, real_dirs = [0], {}
+    for image_id, path in sorted(zip(image_ids(images), images)):
+        problem = _outside(layout.root, path, real_dirs)
+        hw, orientation = (0, 0), 1
+        if not problem:
+            hw, orientation, problem = _header(path)
+        labels = read_labels(label_path(path), hw, orientation, classes) if not problem else None
+        if labels is not None:
+            problem = labels.problem
+            for reason, n in labels.dropped.items():
+                dropped[reason] += n
+        boxes = labels.boxes if labels is not None else np.zeros((0, 4))
+        if not problem and not _stays(keep_empty, boxes):
+            dropped["empty_image"] += 1
+            continue
+        for name, value in (("image_ids", image_id), ("sizes", hw), ("paths", path), ("problems", problem)):
+            columns[name].append(value)
+        columns["boxes"].extend(boxes.tolist())
+        columns["labels"].extend(label_of[int(c)] for c in (labels.classes if labels is not None else []))
+        offsets.append(len(columns["boxes"]))
+    if not columns["image_ids"]:
+        raise DatasetConfigError(f"{layout.yaml_file}: {split}: no usable images (dataset.keep_empty={keep_empty})")
+    return CocoIndex(image_ids=np.array(columns["image_ids"], dtype=np.int64),
+                     sizes=np.array(columns["sizes"], dtype=np.int32).reshape(-1, 2),
+                     paths=np.array(columns["paths"], dtype=np.str_), box_offsets=np.array(offsets, dtype=np.int64),
+                     boxes=np.array(columns["boxes"], dtype=np.float32).reshape(-1, 4),
+                     labels=np.array(columns["labels"], dtype=np.int64),
+                     category_ids=np.array(layout.category_ids, dtype=np.int64), category_names=list(layout.names),
+                     problems=np.array(columns["problems"], dtype=np.str_), ann_file="", dropped=dropped)
+
+
+def _outside(root: Path, path: str, real_dirs: dict) -> str:
+    """Why ``path`` may not be read (it lies outside the dataset folder, symlinks resolved), or ""."""
+    relative = os.path.relpath(path, root)
+    if relative.startswith("..") or resolve_inside(root, relative, real_dirs) is None:
+        return f"image {path} resolves outside the dataset folder {root} (data.yaml's path)"
+    return ""
+
+
+def _header(path: str) -> tuple[tuple[int, int], int, str]:
+    """((height, width) as stored, EXIF orientation, problem) from the image's header."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the decode applies its own limit
+            with Image.open(path) as im:
+                (w, h), orientation = im.size, im.getexif().get(EXIF_ORIENTATION, 1)
+    except Image.DecompressionBombError as e:
+        return (0, 0), 1, f"too large to decode: {e}"
+    except Exception as e:  # noqa: BLE001 - a missing file, a format PIL does not know, a header cut short
+        return (0, 0), 1, f"cannot read the image header: {type(e).__name__}: {e}"
+    return (h, w), int(orientation) if isinstance(orientation, int) else 1, ""
+
+
+def _stays(keep_empty: bool | str, boxes: np.ndarray) -> bool:
+    """COCO's keep_empty rule (coco/index.py ``_image_stays``) for an image with no crowd regions."""
+    if keep_empty == "reference":
+        return len(boxes) > 0 and not bool(np.all((boxes[:, 2] - boxes[:, 0] <= 1) | (boxes[:, 3] - boxes[:, 1] <= 1)))
+    return len(boxes) > 0 or bool(keep_empty)
+
+
+def write_ground_truth(index: CocoIndex, folder: Path) -> str:
+    """The split as COCO instances JSON (no crowd regions, ``area`` = w * h), for COCOeval;
+    returns the file's name in ``folder``."""
+    images, annotations = [], []
+    for k, (image_id, (h, w), path) in enumerate(zip(index.image_ids, index.sizes, index.paths)):
+        images.append({"id": int(image_id), "file_name": str(path), "height": int(h), "width": int(w)})
+        boxes, labels = index.targets(k)
+        for (x0, y0, x1, y1), label in zip(boxes.tolist(), labels.tolist()):
+            annotations.append({"id": len(annotations) + 1, "image_id": int(image_id), "iscrowd": 0,
+                                "category_id": int(index.category_ids[label - 1]), "bbox": [x0, y0, x1 - x0, y1 - y0],
+                                "area": (x1 - x0) * (y1 - y0)})
+    categories = [{"id": int(c), "name": n} for c, n in zip(index.category_ids, index.category_names)]
+    (folder / GROUND_TRUTH).write_text(json.dumps({"images": images, "annotations": annotations,
+                                                   "categories": categories}))
+    return GROUND_TRUTH
