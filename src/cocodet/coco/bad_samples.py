@@ -13,7 +13,8 @@ JSONL_NAME = "bad_samples.jsonl"
 
 
 def skip_record(error: BadSampleError, epoch: int, index: int, role: str) -> dict:
-    """The plain record of one replaced image (``role``: sample or mosaic_partner)."""
+    """The plain record of one replaced image (``role``: sample, replacement (a bad
+    image drawn in place of a bad sample) or mosaic_partner)."""
     return {"epoch": epoch, "index": index, "image_id": error.image_id, "file": error.path, "reason": error.reason,
             "role": role}
 

@@ -118,7 +118,9 @@ class DetectionDataset(torch.utils.data.Dataset):
                 primary = self.reader.read(k, key.position if k == key.index else None, reads, timings)
                 break
             except BadSampleError as e:
-                skipped.append(self._skipped(e, key.epoch, k, "sample"))
+                # The position's own image is the "sample"; a bad replacement of it is counted
+                # apart, so that seen + skipped stays the epoch's size (coco/bad_samples.py).
+                skipped.append(self._skipped(e, key.epoch, k, "sample" if k == key.index else "replacement"))
                 k = int(rng.integers(len(self.index)))  # deterministic replacement
         if primary is None:
             raise RuntimeError(f"{MAX_REPLACEMENTS} bad samples in a row starting at index {key.index}: "
