@@ -54,6 +54,18 @@ def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch)
     assert clean["images"] == IMAGES and clean["map50"] >= 0.3, clean
     assert (tmp_path / "clean" / "val_predictions.png").exists()
 
+    # The same images and labels as a YOLO layout (issue 73): its ground truth, built from the
+    # label files, scores this checkpoint as the COCO JSON does.
+    from yolo_layout import coco_as_yolo, write_data_yaml
+
+    names = coco_as_yolo(ann, coco_tiny / "train2017", tmp_path / "yolo", "train2017", by_category_id=True)
+    data_yaml = write_data_yaml(tmp_path / "yolo", "images/train2017", "images/train2017", names)
+    yolo = run_in_process(["dataset=yolo", f"dataset.yaml={data_yaml}", *args[6:], "mode=eval", "eval.split=train",
+                           f"ckpt_path={trained['last_ckpt']}"], tmp_path / "yolo_eval")
+    from cocodet.models.evaluation import STAT_NAMES
+
+    assert yolo["images"] == IMAGES and all(abs(yolo[k] - clean[k]) <= 1e-4 for k in STAT_NAMES), (yolo, clean)
+
     # The letterbox kind of the output parity (test_output_parity.py, issue 57), on this checkpoint:
     # cocodet's mode=eval (pycocotools) and torchvision's FCOS on the very same val tensors agree
     # per detection and on the 12 stats.
