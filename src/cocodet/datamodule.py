@@ -91,10 +91,9 @@ class CocoDataModule(L.LightningDataModule):
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, group_aspect_ratio: int | None = None,
                  remote: dict | None = None, layout: str = "coco", yaml: str | None = None):
         super().__init__()
-        # Where the train split is stored (a remote root's read-ahead reads it, read_ahead/start.py).
+        # Where the train split is (a bucket's read-ahead reads it, read_ahead/start.py)
         self.train_store = {"root": root, "images": train_images, "remote": dict(remote or {}), "cache_dir": cache_dir}
-        # (train batches the run takes from epoch 0, at least these whole epochs): the bench sets it
-        self.stream_batches: tuple[int, int] | None = None
+        self.stream_batches: tuple[int, int] | None = None  # (train batches from epoch 0, whole epochs): the bench's
         self.read_ahead = None  # a remote root's ReadAhead (read_ahead/start.py), started with the train loader
         self.samples_consumed = 0  # train samples that reached the model (or the bench)
         self.read_ahead_record: dict | None = None  # the read-ahead's summary, kept when it stops
@@ -112,11 +111,10 @@ class CocoDataModule(L.LightningDataModule):
         self.bad_samples.split_sizes = {"train": len(self.train_index), "val": len(self.val_index)}
         if verify:
             self._verify(on_bad_sample, max_image_pixels)
-        if layout == "yolo":  # the ground truth built from the labels, beside the cached index
-            self.val_ann_file, self.train_ann_file = self.val_index.ann_file, self.train_index.ann_file
-        else:  # COCOeval reads a local file
-            self.val_ann_file = str(annotation_file(root, val_ann, cache_dir))
-            self.train_ann_file = str(annotation_file(root, train_ann, cache_dir))
+        # COCOeval's local file: the annotation file (fetched once), or a YOLO index's ground truth
+        self.train_ann_file, self.val_ann_file = (
+            (self.train_index.ann_file, self.val_index.ann_file) if layout == "yolo"
+            else (str(annotation_file(root, ann, cache_dir)) for ann in (train_ann, val_ann)))
         self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
         # The plan in force for both loaders; after a re-plan, the smaller one.
         self.replanner = replanner or Replanner(plan)
@@ -124,15 +122,7 @@ class CocoDataModule(L.LightningDataModule):
         self.val_batch_size = val_batch_size or batch_size
         if recipe.image_size != image_size:
             raise ValueError(f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}")
-        train_pixels = val_pixels = None
-        if cache != "none":
-            if cache_dir is None:
-                raise PixelCacheConfigError(f"dataset.cache={cache} needs dataset.cache_dir (it is null): set a folder "
-                                            "with room for the images at dataset.image_size, or use dataset.cache=none")
-            train_pixels = open_pixel_cache(self.train_index, image_size, cache, cache_dir, "train", plan.usable_cpus,
-                                            max_image_pixels)
-            val_pixels = open_pixel_cache(self.val_index, image_size, cache, cache_dir, "val", plan.usable_cpus,
-                                          max_image_pixels)
+        train_pixels, val_pixels = self._pixel_caches(cache, cache_dir, plan.usable_cpus)
         # Both sets are read only through the FlatBatch collate, which copies every batch.
         self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample, train_pixels, reuse_outputs=True,
                                           max_image_pixels=max_image_pixels)
@@ -146,6 +136,16 @@ class CocoDataModule(L.LightningDataModule):
         self.group_aspect_ratio = group_aspect_ratio  # train batches from one aspect-ratio bin (None: not grouped)
         self.stream = StreamLedger(batch_size, seed, group_aspect_ratio, recipe.partner_window or None)  # design §5
         self.window_cache = None  # window partners' shared pixels (data/window_cache.py), made with the train sampler
+
+    def _pixel_caches(self, cache: str, cache_dir: str | None, cpus: int) -> tuple:
+        """(train, val) pixel caches of ``dataset.cache`` (None, None for none)."""
+        if cache == "none":
+            return None, None
+        if cache_dir is None:
+            raise PixelCacheConfigError(f"dataset.cache={cache} needs dataset.cache_dir (it is null): set a folder "
+                                        "with room for the images at dataset.image_size, or use dataset.cache=none")
+        return tuple(open_pixel_cache(index, self.image_size, cache, cache_dir, split, cpus, self.max_image_pixels)
+                     for index, split in ((self.train_index, "train"), (self.val_index, "val")))
 
     def _verify(self, on_bad_sample: str, max_image_pixels: int) -> None:
         """dataset.verify: scan every image once. With on_bad_sample=skip, the images found bad
