@@ -77,3 +77,35 @@ def test_yolo_and_its_coco_json_give_the_same_stream(two_layouts, coco_tiny, tmp
     label.write_text("\n".join(lines) + "\n")
     moved = stream(["dataset=yolo", f"dataset.yaml={yolo_root / 'data.yaml'}"], tmp_path / "moved")
     assert differences(moved, coco), "a changed label line went unseen"
+
+
+def test_the_yolo_stream_keeps_the_stream_contract(two_layouts, tmp_path):
+    """The same digest at 0 and 2 workers and under the auto plan with a pixel cache; with a
+    reference preset's aspect-ratio groups, the same at 0 and 2 workers; mode=verify passes it."""
+    from conftest import run_in_process
+
+    yolo_root, _ = two_layouts
+    base = ["mode=bench", "dataset=yolo", f"dataset.yaml={yolo_root / 'data.yaml'}", "dataset.image_size=160",
+            "loader.batch_size=4", "bench.batches=12", "bench.warmup=0", "bench.digest_batches=12", "bench.decode_probe=0"]
+    runs = {"w0": ["loader=explicit", "loader.num_workers=0"], "w2": ["loader=explicit", "loader.num_workers=2"],
+            "auto_cached": ["dataset.cache=disk"]}
+    digests = {name: run_in_process([*base, *extra], tmp_path / name)["batch_digest"] for name, extra in runs.items()}
+    assert len(set(digests.values())) == 1, digests
+    grouped = {w: run_in_process([*base, "loader=explicit", f"loader.num_workers={w}", "augment=hflip",
+                                  "loader.group_aspect_ratio=3"], tmp_path / f"g{w}") for w in (0, 2)}
+    assert grouped[0]["group_aspect_ratio"] == 3 and grouped[0]["batch_digest"] == grouped[2]["batch_digest"], grouped
+    verified = run_in_process(["mode=verify", "dataset=yolo", f"dataset.yaml={yolo_root / 'data.yaml'}"],
+                              tmp_path / "verify")
+    assert verified["problems"] == {"train": 0, "val": 0} and verified["train_images"] == 80
+
+
+def test_a_reference_preset_trains_a_step_on_yolo(two_layouts, tmp_path):
+    """augment=hflip (the reference's keep_empty rule and aspect-ratio groups) on the YOLO layout."""
+    from conftest import run_in_process
+
+    yolo_root, _ = two_layouts
+    s = run_in_process(["dataset=yolo", f"dataset.yaml={yolo_root / 'data.yaml'}", "augment=hflip",
+                        "loader.group_aspect_ratio=preset", "+model.detector.min_size=160",
+                        "+model.detector.max_size=256", "model.detector.fpn_channels=64", "debug=fast",
+                        "loader.batch_size=2"], tmp_path / "run")
+    assert s["steps"] == 1 and s["plan"]["group_aspect_ratio"] == 3
