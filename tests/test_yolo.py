@@ -88,14 +88,14 @@ def test_data_yaml_rules(tmp_path):
     data.write_text(yaml.safe_dump({"train": "../train/images", "val": ["lists/val.txt"], "names": {0: "a", 5: "f"},
                                     "download": f"import pathlib; pathlib.Path('{marker}').write_text('ran')"}))
     found = read_data_yaml(find_data_yaml(None, str(root)))
-    assert found.root == root.resolve() and found.category_ids == (0, 5) and found.names == ("a", "f")
-    assert found.splits["train"] == ((root / "train" / "images").resolve(),)
+    assert found.root == str(root.resolve()) and found.category_ids == (0, 5) and found.names == ("a", "f")
+    assert found.splits["train"] == (str((root / "train" / "images").resolve()),)
     train, val = yolo_splits(None, str(root), True, None)
     assert [os.path.basename(p) for p in val.paths] == ["c.jpg", "b.png"] and val.image_ids.tolist() == [0, 1]
     assert not marker.exists()
     data.write_text("train: !!python/object/apply:os.system ['touch " + str(marker) + "']\nval: x\nnames: [a]\n")
     with pytest.raises(DatasetConfigError, match="not readable YAML"):
-        read_data_yaml(data)
+        read_data_yaml(str(data))
     assert not marker.exists()
 
 
@@ -109,7 +109,7 @@ def test_a_data_yaml_that_cannot_be_used_is_refused_naming_the_key(tmp_path, con
     (tmp_path / "t").mkdir()
     (tmp_path / "data.yaml").write_text(yaml.safe_dump(content))
     with pytest.raises(DatasetConfigError, match=named):
-        read_data_yaml(tmp_path / "data.yaml")
+        read_data_yaml(str(tmp_path / "data.yaml"))
 
 
 def test_a_missing_data_yaml_exits_2_in_one_line(tmp_path):

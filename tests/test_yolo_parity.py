@@ -109,3 +109,30 @@ def test_a_reference_preset_trains_a_step_on_yolo(two_layouts, tmp_path):
                         "+model.detector.max_size=256", "model.detector.fpn_channels=64", "debug=fast",
                         "loader.batch_size=2"], tmp_path / "run")
     assert s["steps"] == 1 and s["plan"]["group_aspect_ratio"] == 3
+
+
+def test_a_yolo_layout_in_a_bucket_gives_the_local_stream(two_layouts, tmp_path, caplog):
+    """The same folder uploaded to a moto_server bucket: dataset.yaml=s3://... reads it with the
+    local folder's digest at 0 and 2 workers; a label object replaced in the bucket rebuilds the
+    cached index (its ETag is in the key), and the changed box is in the stream."""
+    pytest.importorskip("s3fs")
+    from conftest import run_in_process
+    from moto_store import filled_store, s3_client
+
+    yolo_root, _ = two_layouts
+    base = ["mode=bench", "dataset=yolo", "dataset.image_size=160", "loader=explicit", "loader.batch_size=4",
+            "bench.batches=12", "bench.warmup=0", "bench.digest_batches=12", "bench.decode_probe=0",
+            f"dataset.cache_dir={tmp_path / 'cache'}"]
+    local = run_in_process([*base, f"dataset.yaml={yolo_root / 'data.yaml'}", "loader.num_workers=0"], tmp_path / "local")
+    with filled_store(yolo_root, "yolo-tiny") as (endpoint, _):
+        bucket = ["dataset.yaml=s3://yolo-tiny/data.yaml", f"dataset.storage_options.endpoint_url={endpoint}"]
+        digests = {w: run_in_process([*base, *bucket, f"loader.num_workers={w}"], tmp_path / f"s3_{w}")["batch_digest"]
+                   for w in (0, 2)}
+        assert set(digests.values()) == {local["batch_digest"]}, (local["batch_digest"], digests)
+        client = s3_client(endpoint)
+        for label in sorted((yolo_root / "labels" / "train2017").iterdir())[:20]:  # a fourth of the labels replaced
+            client.put_object(Bucket="yolo-tiny", Key=f"labels/train2017/{label.name}", Body=b"0 0.5 0.5 0.9 0.9\n")
+        caplog.set_level("INFO", logger="cocodet.coco.index_cache")
+        changed = run_in_process([*base, *bucket, "loader.num_workers=0"], tmp_path / "s3_changed")
+        assert changed["batch_digest"] != local["batch_digest"]
+        assert "built the index of s3://yolo-tiny/data.yaml train" in caplog.text

@@ -8,6 +8,7 @@ to a :class:`BadSampleLedger`, copy times to a :class:`TransferTimer`.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -91,8 +92,6 @@ class CocoDataModule(L.LightningDataModule):
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, group_aspect_ratio: int | None = None,
                  remote: dict | None = None, layout: str = "coco", yaml: str | None = None):
         super().__init__()
-        # Where the train split is (a bucket's read-ahead reads it, read_ahead/start.py)
-        self.train_store = {"root": root, "images": train_images, "remote": dict(remote or {}), "cache_dir": cache_dir}
         self.stream_batches: tuple[int, int] | None = None  # (train batches from epoch 0, whole epochs): the bench's
         self.read_ahead = None  # a remote root's ReadAhead (read_ahead/start.py), started with the train loader
         self.samples_consumed = 0  # train samples that reached the model (or the bench)
@@ -109,6 +108,11 @@ class CocoDataModule(L.LightningDataModule):
         self.train_index, self.val_index = load_splits(root, train_images, train_ann, val_images, val_ann, keep_empty,
                                                        on_bad_sample, synthetic, cache_dir, layout, yaml)
         self.bad_samples.split_sizes = {"train": len(self.train_index), "val": len(self.val_index)}
+        # Where the train split is (a bucket's read-ahead reads it, read_ahead/start.py): a YOLO
+        # split's images may be anywhere under data.yaml's path, so their common folder
+        if layout == "yolo":
+            root, train_images = os.path.commonprefix(self.train_index.paths.tolist()).rsplit("/", 1)[0], ""
+        self.train_store = {"root": root, "images": train_images, "remote": dict(remote or {}), "cache_dir": cache_dir}
         if verify:
             self._verify(on_bad_sample, max_image_pixels)
         # COCOeval's local file: the annotation file (fetched once), or a YOLO index's ground truth

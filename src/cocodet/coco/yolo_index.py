@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -28,10 +29,14 @@ import numpy as np
 from cocodet.coco.index import CocoIndex, DatasetConfigError, resolve_inside
 from cocodet.coco.index_cache import INDEX_FORMAT, through_cache
 from cocodet.coco.yolo_labels import label_path, read_labels
-from cocodet.coco.yolo_yaml import IMAGE_SUFFIXES, YoloLayout, find_data_yaml, read_data_yaml
+from cocodet.coco.yolo_yaml import IMAGE_SUFFIXES, YoloLayout, find_data_yaml, parent, read_data_yaml, resolve
+from cocodet.storage.store import file_stamps, is_dir, is_remote, listing, read_bytes
 
 GROUND_TRUTH = "ground_truth.json"
 EXIF_ORIENTATION = 0x0112
+# The bytes read for an image's size and EXIF orientation (a JPEG's EXIF block is at most 64 KiB
+# and comes before its frame header); a header that needs more is read whole.
+HEADER_BYTES = 1 << 17
 
 
 def yolo_splits(yaml_path: str | None, root: str | None, keep_empty: bool | str,
@@ -45,13 +50,15 @@ def yolo_splits(yaml_path: str | None, root: str | None, keep_empty: bool | str,
 def split_index(layout: YoloLayout, split: str, keep_empty: bool | str, cache_dir: str | None) -> CocoIndex:
     images = list_images(layout, split)
     if not images:
-        raise DatasetConfigError(f"{layout.yaml_file}: {split}: no images in {[str(p) for p in layout.splits[split]]} "
+        raise DatasetConfigError(f"{layout.yaml_file}: {split}: no images in {list(layout.splits[split])} "
                                  f"(image files end in {', '.join(IMAGE_SUFFIXES)})")
-    build = lambda: build_split_index(layout, split, images, keep_empty)  # noqa: E731
+    # One stamp per file (size and mtime, or size and ETag from one listing per bucket prefix)
+    image_stamps, label_stamps = file_stamps(images), file_stamps([label_path(p) for p in images])
+    build = lambda: build_split_index(layout, split, images, image_stamps, label_stamps, keep_empty)  # noqa: E731
     if cache_dir is None:
         index = build()
     else:
-        key = files_key(layout, images, keep_empty)
+        key = files_key(layout, images, image_stamps, label_stamps, keep_empty)
         index = through_cache(cache_dir, f"index-yolo-{split}-{key}", key, build, f"{layout.yaml_file} {split}",
                               extra=lambda index, tmp: {"ann_file": write_ground_truth(index, tmp)})
     if not index.ann_file:  # built in memory: its ground truth lives in a folder of this process
@@ -62,50 +69,33 @@ def split_index(layout: YoloLayout, split: str, keep_empty: bool | str, cache_di
 
 
 def list_images(layout: YoloLayout, split: str) -> list[str]:
-    """The split's image paths, sorted: the image files under each folder it names (recursively)
-    and the lines of each list file (relative ones taken from the list file's folder)."""
+    """The split's image paths (or URLs), sorted: the image files under each folder it names
+    (recursively) and the lines of each list file (relative ones taken from its folder)."""
     found: set[str] = set()
     for entry in layout.splits[split]:
-        if entry.is_dir():
-            for folder, subfolders, files in os.walk(entry):
-                subfolders.sort()
-                found.update(os.path.join(folder, f) for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES)
+        if is_dir(entry):
+            found.update(p for p in _files_under(entry) if os.path.splitext(p)[1].lower() in IMAGE_SUFFIXES)
         else:
-            lines = (line.strip() for line in entry.read_text(errors="replace").splitlines())
-            found.update(os.path.normpath(os.path.join(entry.parent, line)) for line in lines if line)
+            lines = (line.strip() for line in read_bytes(entry).decode("utf-8", "replace").splitlines())
+            found.update(resolve(parent(entry), line) for line in lines if line)
     return sorted(found)
 
 
-def files_key(layout: YoloLayout, images: list[str], keep_empty: bool | str) -> str:
+def _files_under(folder: str) -> list[str]:
+    if is_remote(folder):
+        return list(listing(folder))
+    return [os.path.join(dirpath, f) for dirpath, _, files in os.walk(folder) for f in files]
+
+
+def files_key(layout: YoloLayout, images: list[str], image_stamps: list[str], label_stamps: list[str],
+              keep_empty: bool | str) -> str:
     """What the cached index depends on, hashed: the format, names and ``keep_empty``, then each
-    image's and label file's path, size and mtime (a label file listed once per folder)."""
-    digest = hashlib.sha256(json.dumps([INDEX_FORMAT, "yolo", str(layout.root), layout.category_ids, layout.names,
+    image's path and stamp and its label file's stamp."""
+    digest = hashlib.sha256(json.dumps([INDEX_FORMAT, "yolo", layout.root, layout.category_ids, layout.names,
                                         str(keep_empty)]).encode())
-    label_stats: dict[str, dict[str, tuple[int, int]]] = {}
-    for image in images:
-        label = label_path(image)
-        folder, name = os.path.split(label)
-        if folder not in label_stats:
-            label_stats[folder] = _folder_stats(folder)
-        digest.update(f"{image}\t{_stat(image)}\t{label_stats[folder].get(name)}\n".encode())
+    for image, image_stamp, label_stamp in zip(images, image_stamps, label_stamps):
+        digest.update(f"{image}\t{image_stamp}\t{label_stamp}\n".encode())
     return digest.hexdigest()[:24]
-
-
-def _stat(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns
-
-
-def _folder_stats(folder: str) -> dict[str, tuple[int, int]]:
-    try:
-        with os.scandir(folder) as entries:
-            return {e.name: (s.st_size, s.st_mtime_ns) for e in entries if e.name.endswith(".txt")
-                    for s in [e.stat()]}
-    except OSError:
-        return {}
 
 
 def image_ids(images: list[str]) -> list[int]:
@@ -116,19 +106,21 @@ def image_ids(images: list[str]) -> list[int]:
     return list(range(len(images)))
 
 
-def build_split_index(layout: YoloLayout, split: str, images: list[str], keep_empty: bool | str) -> CocoIndex:
+def build_split_index(layout: YoloLayout, split: str, images: list[str], image_stamps: list[str],
+                      label_stamps: list[str], keep_empty: bool | str) -> CocoIndex:
     label_of = {c: k + 1 for k, c in enumerate(layout.category_ids)}
     classes = frozenset(layout.category_ids)
     dropped = {"non_finite_box": 0, "degenerate_box": 0, "empty_image": 0}
     columns: dict[str, list] = {"image_ids": [], "sizes": [], "paths": [], "problems": [], "boxes": [], "labels": []}
     offsets, real_dirs = [0], {}
-    for image_id, path in sorted(zip(image_ids(images), images)):
+    for image_id, path, stamp, image_stamp in sorted(zip(image_ids(images), images, label_stamps, image_stamps)):
         problem = _outside(layout.root, path, real_dirs)
         hw, orientation = (0, 0), 1
         if not problem:
-            hw, orientation, problem = _header(path)
-        labels = read_labels(label_path(path), hw, orientation, classes) if not problem else None
-        if labels is not None:
+            hw, orientation, problem = _header(path, _size(image_stamp))
+        labels = None
+        if not problem:
+            labels = read_labels(label_path(path), _size(stamp), hw, orientation, classes)
             problem = labels.problem
             for reason, n in labels.dropped.items():
                 dropped[reason] += n
@@ -152,23 +144,42 @@ def build_split_index(layout: YoloLayout, split: str, images: list[str], keep_em
                      problems=np.array(columns["problems"], dtype=np.str_), ann_file="", dropped=dropped)
 
 
-def _outside(root: Path, path: str, real_dirs: dict) -> str:
-    """Why ``path`` may not be read (it lies outside the dataset folder, symlinks resolved), or ""."""
-    relative = os.path.relpath(path, root)
-    if relative.startswith("..") or resolve_inside(root, relative, real_dirs) is None:
-        return f"image {path} resolves outside the dataset folder {root} (data.yaml's path)"
-    return ""
+def _outside(root: str, path: str, real_dirs: dict) -> str:
+    """Why ``path`` may not be read (it lies outside the dataset folder, symlinks resolved; an
+    object outside its prefix), or ""."""
+    if is_remote(root):
+        inside = path.startswith(root.rstrip("/") + "/")
+    else:
+        relative = os.path.relpath(path, root)
+        inside = not relative.startswith("..") and resolve_inside(Path(root), relative, real_dirs) is not None
+    return "" if inside else f"image {path} resolves outside the dataset folder {root} (data.yaml's path)"
 
 
-def _header(path: str) -> tuple[tuple[int, int], int, str]:
-    """((height, width) as stored, EXIF orientation, problem) from the image's header."""
+def _size(stamp: str) -> int | None:
+    """The byte size in a ``file_stamps`` stamp; None for a missing file."""
+    return None if stamp == "missing" else int(stamp.split("\0")[0])
+
+
+def _header(path: str, size: int | None) -> tuple[tuple[int, int], int, str]:
+    """((height, width) as stored, EXIF orientation, problem) from the image's first bytes
+    (PIL's lazy open: a header, not a decode); read whole when those do not hold it."""
     from PIL import Image
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the decode applies its own limit
-            with Image.open(path) as im:
-                (w, h), orientation = im.size, im.getexif().get(EXIF_ORIENTATION, 1)
+        if size is None:
+            raise FileNotFoundError(f"no such file: {path}")
+        data = read_bytes(path, limit=min(HEADER_BYTES, size)) if size else b""
+        for attempt in (0, 1):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the decode applies its own limit
+                    with Image.open(io.BytesIO(data)) as im:
+                        (w, h), orientation = im.size, im.getexif().get(EXIF_ORIENTATION, 1)
+                break
+            except (OSError, SyntaxError, ValueError):
+                if attempt or len(data) < HEADER_BYTES:
+                    raise
+                data = read_bytes(path)
     except Image.DecompressionBombError as e:
         return (0, 0), 1, f"too large to decode: {e}"
     except Exception as e:  # noqa: BLE001 - a missing file, a format PIL does not know, a header cut short

@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cocodet.storage.store import read_bytes
+
 # A label file of 10,000 boxes is about 400 KB; one above this is refused without being read.
 MAX_LABEL_BYTES = 4 << 20
 # Normalised coordinates this far outside [0, 1] are clipped later, as COCO boxes past the
@@ -54,26 +56,26 @@ class Labels(NamedTuple):
 
 
 def label_path(image: str) -> str:
-    """Ultralytics' rule: the last ``/images/`` becomes ``/labels/``, the extension ``.txt``."""
-    images, labels = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    """Ultralytics' rule: the last ``/images/`` becomes ``/labels/``, the extension ``.txt``
+    (a path or a URL)."""
+    images, labels = "/images/", "/labels/"
     head, sep, tail = image.rpartition(images)
     swapped = head + labels + tail if sep else image
     return os.path.splitext(swapped)[0] + ".txt"
 
 
-def read_labels(path: str, stored_hw: tuple[int, int], orientation: int, classes: frozenset[int]) -> Labels:
-    """The boxes of the label file ``path`` (absent: a negative) for an image stored at
-    ``stored_hw`` with EXIF ``orientation``; ``classes``: the indices ``names`` declares."""
+def read_labels(path: str, size: int | None, stored_hw: tuple[int, int], orientation: int,
+                classes: frozenset[int]) -> Labels:
+    """The boxes of the label file ``path`` of ``size`` bytes (None: there is none, a negative)
+    for an image stored at ``stored_hw`` with EXIF ``orientation``; ``classes``: the indices
+    ``names`` declares. A local file or an object, read through the store's one reader."""
     empty = Labels(np.zeros((0, 4)), np.zeros(0, np.int64), {}, "")
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
+    if size is None:
         return empty
     if size > MAX_LABEL_BYTES:
         return empty._replace(problem=f"label file {path} is {size} bytes, above {MAX_LABEL_BYTES}; not read")
     try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_LABEL_BYTES + 1).decode("utf-8")
+        text = read_bytes(path).decode("utf-8")  # its size, from the listing or a stat, is within the bound
     except (OSError, UnicodeDecodeError) as e:
         return empty._replace(problem=f"label file {path} cannot be read: {e}")
     lines = [(n, line.split()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]

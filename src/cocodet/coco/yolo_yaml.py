@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
 from cocodet.coco.index import DatasetConfigError
-from cocodet.storage.store import is_remote
+from cocodet.storage.store import is_dir, is_file, is_remote, join, object_info, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -34,49 +34,60 @@ MAX_YAML_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class YoloLayout:
-    """``data.yaml`` read and resolved.
+    """``data.yaml`` read and resolved; every location a local absolute path or a URL.
 
-    ``root``: the dataset folder (``path``), absolute: every image must be under it.
-    ``splits``: split name -> the folders and list files it names, absolute.
+    ``root``: the dataset folder (``path``): every image must be under it.
+    ``splits``: split name -> the folders and list files it names.
     ``category_ids`` / ``names``: the class indices as ``names`` numbers them, and their names.
     """
 
-    yaml_file: Path
-    root: Path
-    splits: dict[str, tuple[Path, ...]]
+    yaml_file: str
+    root: str
+    splits: dict[str, tuple[str, ...]]
     category_ids: tuple[int, ...]
     names: tuple[str, ...]
 
 
-def find_data_yaml(yaml_path: str | None, root: str | None) -> Path:
+def resolve(base: str, relative: str) -> str:
+    """``relative`` under the folder ``base`` (itself if absolute), ``..`` folded: a real path
+    locally, a URL's key normalised in a bucket."""
+    if is_remote(relative):
+        return relative
+    if is_remote(base):
+        protocol, key = base.split("://", 1)
+        return f"{protocol}://{posixpath.normpath(posixpath.join(key, relative))}"
+    return os.path.realpath(os.path.join(base, os.path.expanduser(relative)))
+
+
+def parent(location: str) -> str:
+    return location.rsplit("/", 1)[0] if is_remote(location) else os.path.dirname(location)
+
+
+def find_data_yaml(yaml_path: str | None, root: str | None) -> str:
     """``dataset.yaml`` when given, else ``data.yaml`` under ``dataset.root``."""
-    for given in (yaml_path, root):
-        if given and is_remote(str(given)):
-            raise DatasetConfigError(f"dataset=yolo reads a local folder; {given} is a bucket URL. Copy the dataset to "
-                                     "a local disk, or convert it to COCO JSON for dataset=coco, which reads buckets")
     if yaml_path:
-        path = Path(os.path.expanduser(yaml_path))
-        if not path.is_file():
-            raise DatasetConfigError(f"dataset.yaml={yaml_path}: no such file (resolved to {path.resolve()})")
-        return path.resolve()
-    folder = Path(os.path.expanduser(str(root)))
-    path = folder / "data.yaml"
-    if not path.is_file():
-        others = sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
+        path = yaml_path if is_remote(yaml_path) else os.path.realpath(os.path.expanduser(yaml_path))
+        if not is_file(path):
+            raise DatasetConfigError(f"dataset.yaml={yaml_path}: no such file (resolved to {path})")
+        return path
+    folder = str(root) if is_remote(str(root)) else os.path.realpath(os.path.expanduser(str(root)))
+    path = join(folder, "data.yaml")
+    if not is_file(path):
+        others = sorted(f for f in os.listdir(folder) if f.endswith(".yaml")) if os.path.isdir(folder) else []
         hint = f"; it holds {others}: name one with dataset.yaml=" if others else ""
-        raise DatasetConfigError(f"dataset=yolo: no data.yaml in dataset.root={root} (resolved to {folder.resolve()})"
+        raise DatasetConfigError(f"dataset=yolo: no data.yaml in dataset.root={root} (resolved to {folder})"
                                  f"{hint}. Set dataset.yaml=PATH/data.yaml, or dataset.root to its folder")
-    return path.resolve()
+    return path
 
 
-def read_data_yaml(yaml_file: Path) -> YoloLayout:
+def read_data_yaml(yaml_file: str) -> YoloLayout:
     """The layout ``yaml_file`` describes; a missing key, a split path that does not exist or
     names that are neither a list nor a dict exit 2 naming them."""
-    if yaml_file.stat().st_size > MAX_YAML_BYTES:
-        raise DatasetConfigError(f"{yaml_file} is {yaml_file.stat().st_size} bytes, above {MAX_YAML_BYTES}: "
-                                 "not a data.yaml")
+    size = object_info(yaml_file)["size"] if is_remote(yaml_file) else os.stat(yaml_file).st_size
+    if size > MAX_YAML_BYTES:
+        raise DatasetConfigError(f"{yaml_file} is {size} bytes, above {MAX_YAML_BYTES}: not a data.yaml")
     try:
-        data = yaml.safe_load(yaml_file.read_text())
+        data = yaml.safe_load(read_bytes(yaml_file).decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise DatasetConfigError(f"{yaml_file} is not readable YAML: {e}") from None
     if not isinstance(data, dict):
@@ -88,8 +99,7 @@ def read_data_yaml(yaml_file: Path) -> YoloLayout:
     if missing:
         raise DatasetConfigError(f"{yaml_file}: no {' or '.join(missing)} key; data.yaml names each split's images "
                                  "(a folder, a .txt list of images, or a list of either)")
-    root = Path(os.path.expanduser(str(data.get("path") or "")))
-    root = (root if root.is_absolute() else yaml_file.parent / root).resolve()
+    root = resolve(parent(yaml_file), str(data.get("path") or "."))
     category_ids, names = _names(data, yaml_file)
     splits = {split: tuple(_split_path(root, entry, yaml_file, split) for entry in _entries(data[split]))
               for split in ("train", "val")}
@@ -100,18 +110,21 @@ def _entries(value) -> list[str]:
     return [str(v) for v in (value if isinstance(value, list) else [value])]
 
 
-def _split_path(root: Path, entry: str, yaml_file: Path, split: str) -> Path:
-    path = Path(os.path.expanduser(entry))
-    path = path if path.is_absolute() else root / path
-    if not path.exists() and entry.startswith("../"):
-        path = root / entry[3:]  # Roboflow's exports name ../train/images beside data.yaml
-    if not path.exists():
-        raise DatasetConfigError(f"{yaml_file}: {split}: {entry} does not exist (resolved to {path.resolve()}, "
+def _split_path(root: str, entry: str, yaml_file: str, split: str) -> str:
+    path = resolve(root, entry)
+    if not _exists(path) and entry.startswith("../"):
+        path = resolve(root, entry[3:])  # Roboflow's exports name ../train/images beside data.yaml
+    if not _exists(path):
+        raise DatasetConfigError(f"{yaml_file}: {split}: {entry} does not exist (resolved to {path}, "
                                  f"relative to path: {root})")
-    return path.resolve()
+    return path
 
 
-def _names(data: dict, yaml_file: Path) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def _exists(location: str) -> bool:
+    return is_dir(location) or is_file(location)
+
+
+def _names(data: dict, yaml_file: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(class indices, names): ``names`` as a list (indices 0..n-1) or a dict {index: name};
     without ``names``, ``nc`` classes named class0, class1, ..."""
     names, nc = data.get("names"), data.get("nc")

@@ -154,15 +154,15 @@ def filesystem(url: str):
     return _filesystems[key]
 
 
-def call(url: str, operation: str, method: str, *args, deadline: float | None = None):
-    """``method`` of the filesystem of ``url`` on ``args``: each attempt within ``deadline``
+def call(url: str, operation: str, method: str, *args, deadline: float | None = None, **kwargs):
+    """``method`` of the filesystem of ``url`` on ``args`` and ``kwargs``: each attempt within ``deadline``
     seconds (default ``timeout_s``), transient failures retried with capped exponential back-off
     and full jitter while fewer than ``retries`` retries were made or less than ``give_up_s``
     has passed since the first failure (whichever allows more), then :class:`StoreDown`."""
     first_failure, retries = None, 0
     while True:
         try:
-            result = _attempt(url, operation, method, args, deadline or _settings.timeout_s)
+            result = _attempt(url, operation, method, args, deadline or _settings.timeout_s, kwargs)
         except TRANSIENT as e:
             now = time.monotonic()
             first_failure = first_failure or now
@@ -185,15 +185,15 @@ def call(url: str, operation: str, method: str, *args, deadline: float | None = 
         return result
 
 
-def _attempt(url: str, operation: str, method: str, args: tuple, deadline: float):
+def _attempt(url: str, operation: str, method: str, args: tuple, deadline: float, kwargs: dict | None = None):
     """One request, with the store's failures turned into the errors above."""
     fs = filesystem(url)
     try:
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
 
-            return sync(fs.loop, getattr(fs, "_" + method), *args, timeout=deadline)
-        return getattr(fs, method)(*args)
+            return sync(fs.loop, getattr(fs, "_" + method), *args, timeout=deadline, **(kwargs or {}))
+        return getattr(fs, method)(*args, **(kwargs or {}))
     except FileNotFoundError as e:
         if "bucket" in str(e).lower() and "not exist" in str(e).lower():
             raise StoreAccessError(redact(f"{url}: bucket {bucket_of(url)!r} does not exist ({operation}); "

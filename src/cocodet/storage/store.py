@@ -22,16 +22,22 @@ from cocodet.storage.session import (  # noqa: F401  (re-exported: what readers 
 from cocodet.storage.urls import is_remote, join  # noqa: F401  (re-exported: every reader tells URLs apart)
 
 
-def read_bytes(path: str | os.PathLike, via=None) -> bytes:
+def read_bytes(path: str | os.PathLike, via=None, limit: int | None = None) -> bytes:
     """Every byte of the file or object at ``path``: the one reader of image bytes. ``via``: for
     an object, a reader tried first (the read-ahead's copies, ``read_ahead/object_cache.py``:
-    ``via.read(url) -> bytes | None``, None for an object it does not hold).
+    ``via.read(url) -> bytes | None``, None for an object it does not hold). ``limit``: only the
+    first ``limit`` bytes (a header; one ranged GET for an object).
 
     Raises FileNotFoundError / OSError for a missing or unreadable file or object (a bad
     sample to the caller), :class:`StoreError` for a store that cannot serve the run."""
     if not is_remote(path):
         with open(path, "rb") as f:
-            return f.read()
+            return f.read(-1 if limit is None else limit)
+    if limit is not None:
+        data = call(str(path), "GetObject", "cat_file", str(path), start=0, end=limit)
+        count("gets")
+        count("bytes_fetched", len(data))
+        return data
     if via is not None:
         data = via.read(str(path))  # the read-ahead's copy, or a counted direct GET (a miss)
         if data is not None:
