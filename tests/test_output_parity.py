@@ -36,8 +36,8 @@ from conftest import REPO, run_in_process
 
 KINDS = {  # resize kind: (overrides, epochs)
     "shortest_side": (["model=fcos_resnet18_fpn", "model.detector.fpn_channels=64", "augment=hflip",
-                       "+model.detector.min_size=256", "+model.detector.max_size=427"], 50),
-    "fixed_size": (["model=ssdlite320_mobilenet_v3_large", "augment=ssdlite"], 200),
+                       "+model.detector.min_size=256", "+model.detector.max_size=427"], 30),
+    "fixed_size": (["model=ssdlite320_mobilenet_v3_large", "augment=ssdlite"], 150),
 }
 
 

@@ -40,7 +40,7 @@ def shifted_boxes(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch, caplog):
+def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch):
     import cocodet.models.detector as detector
 
     ann = build_subset(coco_tiny, tmp_path / "subset")
@@ -50,10 +50,8 @@ def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch,
     trained = run_in_process([*args, f"trainer.max_epochs={EPOCHS}", f"trainer.check_val_every_n_epoch={EPOCHS}",
                               f"+callbacks.last_checkpoint.every_n_epochs={EPOCHS}"], tmp_path / "train")
     evaluate = [*args, "mode=eval", "eval.split=train", f"ckpt_path={trained['last_ckpt']}"]
-    caplog.set_level("INFO", logger="cocodet.models.detector")
     clean = run_in_process(evaluate, tmp_path / "clean")
     assert clean["images"] == IMAGES and clean["map50"] >= 0.3, clean
-    assert "Average Precision  (AP) @[ IoU=0.50:0.95" in caplog.text  # COCOeval's table, in the log
     assert (tmp_path / "clean" / "val_predictions.png").exists()
 
     # The same images and labels as a YOLO layout (issue 73): its ground truth, built from the
