@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import NARROW_MODEL, REPO, run_in_process, run_train, synthetic_overrides
+from conftest import NARROW_MODEL, run_in_process, run_train, synthetic_overrides
 
 
 def test_fast_dev_run_synthetic(tmp_path, synthetic_root, caplog):
