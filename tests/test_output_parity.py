@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.models.detection as tvd
-from torchvision.models.detection.transform import GeneralizedRCNNTransform, resize_boxes
+from torchvision.models.detection.transform import resize_boxes
 
 from conftest import REPO, run_in_process
 
