@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO
 
@@ -220,7 +221,7 @@ def gpu(command: str) -> bool:
 
 @pytest.fixture
 def user_folder(tmp_path, coco_tiny):
-    """A scratch working folder, the other layout of "Your own data" built from coco_tiny, and weight files."""
+    """A scratch working folder, the other layouts of "Your own data" built from coco_tiny, and weight files."""
     import torch
     import torchvision.models as tvm
 
@@ -231,6 +232,13 @@ def user_folder(tmp_path, coco_tiny):
     (shop / "images" / "val").symlink_to(coco_tiny / "val2017")
     (shop / "labels" / "train.json").symlink_to(coco_tiny / "annotations" / "instances_train2017.json")
     (shop / "labels" / "val.json").symlink_to(coco_tiny / "annotations" / "instances_val2017.json")
+    # ... and the YOLO layout's data.yaml beside them, over coco_tiny written as YOLO (dataset=yolo)
+    from yolo_layout import coco_as_yolo
+
+    for split in ("train2017", "val2017"):
+        names = coco_as_yolo(coco_tiny / "annotations" / f"instances_{split}.json", coco_tiny / split, shop / "yolo", split)
+    (shop / "data.yaml").write_text(yaml.safe_dump({"path": "yolo", "train": "images/train2017",
+                                                     "val": "images/val2017", "names": names}))
     (tmp_path / "weights").mkdir()
     torch.save(tvm.resnet18().state_dict(), tmp_path / "weights" / "resnet18-f37072fd.pth")
     work = tmp_path / "work"
@@ -244,7 +252,7 @@ def test_your_own_data_and_the_gpu_commands_run_as_written(user_folder):
     own = commands(section("Your own data"))
     # The GPU section's and the recipes' (trainer=ddp, the reference presets' 800-1333 px) as plans.
     planned = commands(section("GPU hosts and containers")) + commands(section("Published recipes"))
-    assert len(own) == 4 and len(planned) == 5 and sum(map(gpu, own)) == 1
+    assert len(own) == 5 and len(planned) == 5 and sum(map(gpu, own)) == 1
     for command in own + planned:
         if gpu(command) or command in planned:
             extra = ["mode=plan"]

@@ -126,7 +126,7 @@ class CocoDataModule(L.LightningDataModule):
         self.val_batch_size = val_batch_size or batch_size
         if recipe.image_size != image_size:
             raise ValueError(f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}")
-        train_pixels, val_pixels = self._pixel_caches(cache, cache_dir, plan.usable_cpus)
+        train_pixels, val_pixels = self._pixel_caches(cache, cache_dir, plan)
         # Both sets are read only through the FlatBatch collate, which copies every batch.
         self.train_set = DetectionDataset(self.train_index, recipe, seed, on_bad_sample, train_pixels, reuse_outputs=True,
                                           max_image_pixels=max_image_pixels)
@@ -141,14 +141,16 @@ class CocoDataModule(L.LightningDataModule):
         self.stream = StreamLedger(batch_size, seed, group_aspect_ratio, recipe.partner_window or None)  # design §5
         self.window_cache = None  # window partners' shared pixels (data/window_cache.py), made with the train sampler
 
-    def _pixel_caches(self, cache: str, cache_dir: str | None, cpus: int) -> tuple:
-        """(train, val) pixel caches of ``dataset.cache`` (None, None for none)."""
+    def _pixel_caches(self, cache: str, cache_dir: str | None, plan: LoaderPlan) -> tuple:
+        """(train, val) pixel caches of ``dataset.cache`` (None, None for none), built with the
+        plan's CPUs."""
         if cache == "none":
             return None, None
         if cache_dir is None:
             raise PixelCacheConfigError(f"dataset.cache={cache} needs dataset.cache_dir (it is null): set a folder "
                                         "with room for the images at dataset.image_size, or use dataset.cache=none")
-        return tuple(open_pixel_cache(index, self.image_size, cache, cache_dir, split, cpus, self.max_image_pixels)
+        return tuple(open_pixel_cache(index, self.image_size, cache, cache_dir, split, plan.usable_cpus,
+                                      self.max_image_pixels)
                      for index, split in ((self.train_index, "train"), (self.val_index, "val")))
 
     def _verify(self, on_bad_sample: str, max_image_pixels: int) -> None:

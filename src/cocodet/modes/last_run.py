@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 OUTPUTS = Path("outputs")
 # The dataset keys that say which images and labels a run learned (not how they were loaded).
 DATASET_IDENTITY = ("layout", "yaml", "root", "train_images", "train_ann", "val_images", "val_ann", "synthetic")
+# What a run's config means without the key (saved before dataset.layout existed: a COCO layout)
+IDENTITY_DEFAULTS = {"layout": "coco"}
 # model.detector keys that only say where the first weights came from: a resumed run has its own.
 INITIAL_WEIGHTS = {"pretrained", "pretrained_backbone", "weights_path", "weights_backbone_path"}
 
@@ -86,7 +88,7 @@ def differs(spec: RunSpec, run: Path) -> str:
         return f"no readable {saved_file}"
     data = saved.get("dataset") or {}
     for key in DATASET_IDENTITY:
-        ours, theirs = spec.dataset.get(key), data.get(key)
+        ours, theirs = spec.dataset.get(key, IDENTITY_DEFAULTS.get(key)), data.get(key, IDENTITY_DEFAULTS.get(key))
         if key == "root" and ours is not None and theirs is not None:
             ours, theirs = _where(str(ours)), _where(str(theirs))
         if ours != theirs:
