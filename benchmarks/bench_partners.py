@@ -84,9 +84,11 @@ def cocodet(data: Path, folder: Path, extra: list[str], warmup: int, batches: in
     return json.loads((folder / "summary.json").read_text())
 
 
-def ultralytics(target: Path, images: Path, warmup: int, batches: int) -> dict:
+def ultralytics(target: Path, images: Path, warmup: int, batches: int, script: str = ULTRALYTICS_RUN) -> dict:
+    """``script`` run with Ultralytics from ``target`` on its first argument (``images``: a folder,
+    or a data.yaml for benchmarks/bench_yolo_layout.py), batch 32, 2 workers."""
     env = {**os.environ, "PYTHONPATH": str(target), "YOLO_OFFLINE": "1", "YOLO_VERBOSE": "False"}
-    proc = subprocess.run([sys.executable, "-c", ULTRALYTICS_RUN, str(images), "32", "2", str(warmup), str(batches)],
+    proc = subprocess.run([sys.executable, "-c", script, str(images), "32", "2", str(warmup), str(batches)],
                           env=env, capture_output=True, text=True, check=True, cwd="/tmp")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

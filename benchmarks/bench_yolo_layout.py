@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_partners import ultralytics  # noqa: E402  (Ultralytics run in its own process)
 from yolo_index_start import write_layout  # noqa: E402  (coco_tiny under numeric names, as YOLO)
 
 ULTRALYTICS = "Ultralytics 8.4.190"
@@ -60,13 +60,6 @@ def cocodet(data_yaml: Path, folder: Path, warmup: int, batches: int) -> dict:
     return json.loads((folder / "summary.json").read_text())
 
 
-def ultralytics(target: Path, data_yaml: Path, warmup: int, batches: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(target), "YOLO_OFFLINE": "1", "YOLO_VERBOSE": "False"}
-    proc = subprocess.run([sys.executable, "-c", ULTRALYTICS_RUN, str(data_yaml), "32", "2", str(warmup), str(batches)],
-                          env=env, capture_output=True, text=True, check=True, cwd="/tmp")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -86,7 +79,8 @@ def main() -> None:
         rate = cocodet(data_yaml, args.out / f"round{r}-cocodet", args.warmup, args.batches)["examples_per_s"]
         rates["cocodet, dataset=yolo (its default recipe)"].append(rate)
         print(f"round {r}: cocodet: {rate:.1f} examples/s", flush=True)
-        rate = ultralytics(args.ultralytics.resolve(), data_yaml, args.warmup, args.batches)["examples_per_s"]
+        rate = ultralytics(args.ultralytics.resolve(), data_yaml, args.warmup, args.batches,
+                           ULTRALYTICS_RUN)["examples_per_s"]
         rates[ULTRALYTICS].append(rate)
         print(f"round {r}: {ULTRALYTICS}: {rate:.1f} examples/s", flush=True)
     medians = {name: statistics.median(v) for name, v in rates.items()}
