@@ -288,3 +288,30 @@ class SignalGroupAtStep(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step:
             os.killpg(os.getpgid(0), self.signum)
+
+
+class KillRankOnceAtStep(L.Callback):
+    """SIGKILL rank ``rank``'s trainer, its loader workers first, at a given optimizer step
+    (``when``: "end" after the step's batch-end hooks, checkpoint included; "start" as the
+    batch begins), once per run: the file ``marker`` says it happened, so the restarted
+    attempt, which passes that step again, trains on. What a lost node does to a group."""
+
+    def __init__(self, step: int, rank: int, marker: str, when: str = "end"):
+        self.step, self.rank, self.marker, self.when = step, rank, marker, when
+
+    def _kill(self, trainer):
+        if trainer.global_step != self.step or trainer.global_rank != self.rank or os.path.exists(self.marker):
+            return
+        open(self.marker, "w").close()
+        loader = trainer.train_dataloader
+        for pid in loader.worker_pids() if hasattr(loader, "worker_pids") else []:
+            os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.when == "start":
+            self._kill(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.when == "end":
+            self._kill(trainer)

@@ -129,7 +129,9 @@ RULES = (
     _choice("predict.draw", _BOOL),
     _choice("export.format", EXPORT_FORMATS),
     Rule("export.opset", _int(9), "an ONNX opset >= 9"),
-    Rule("checkpoint.every_n_steps", _int(0), "an integer >= 0 (0: checkpoints at epoch ends only)"),
+    Rule("checkpoint.every_n_steps", lambda v: v == "auto" or _int(0)(v),
+         "auto (500 on several nodes or under torchrun restarts, else 0) or an integer >= 0 (0: checkpoints at epoch "
+         "ends and on SIGTERM only)"),
     _choice("weights_only", _BOOL),
     Rule("bench.batches", _int(1), "an integer >= 1, or null for whole epochs", optional=True),
     Rule("bench.warmup", _int(0), "an integer >= 0"),

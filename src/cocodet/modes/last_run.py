@@ -1,6 +1,9 @@
 """``ckpt_path``: which checkpoint a run resumes (or a mode loads), and why (README "Resuming").
 
 - a file: that file;
+- none: a fresh start, except under torchrun, where it means ``last_if_any``: an attempt that
+  torchrun restarts (``--max-restarts``), or a node's agent started again in place of a lost
+  one, runs the command it was launched with and must resume the run, not start it again;
 - ``last_if_any``: the newest checkpoint of this run's folder if it has one, else none (start
   fresh): what a rescheduled pod running its first command needs, and never another run's;
 - ``last``: this run's folder first (a requeued job's); with ``hydra.run.dir`` on the command
@@ -39,6 +42,10 @@ INITIAL_WEIGHTS = {"pretrained", "pretrained_backbone", "weights_path", "weights
 def resume_path(spec: RunSpec) -> str | None:
     """The checkpoint ``spec.ckpt_path`` names, as the module docstring says."""
     ckpt, run_dir = spec.ckpt_path, spec.run_dir
+    if ckpt is None and spec.ranks.launcher == "torchelastic":  # a restarted attempt resumes as launched
+        log.info("under torchrun, no ckpt_path means last_if_any: the run's folder %s is where a restarted attempt "
+                 "finds its checkpoints", run_dir)
+        ckpt = "last_if_any"
     if ckpt == "last_if_any":
         path = newest_checkpoint(run_dir)
         log.info("ckpt_path=last_if_any: %s", f"resuming {path}" if path else f"no checkpoint in {run_dir}, starting fresh")

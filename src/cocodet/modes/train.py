@@ -13,6 +13,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cocodet.coco.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
+from cocodet.elastic.attempts import AttemptLedger
+from cocodet.elastic.meeting import meet
 from cocodet.errors import RunStopped, TrainingStopped, UnusableModel
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.plan_record import LoaderPlan
@@ -28,6 +30,7 @@ from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
 from cocodet.ranks import Ranks, check_ranks, finish_ranks
 from cocodet.run_spec.records import RunSpec
 from cocodet.timing.callback import LoaderTimingCallback
+from cocodet.tracking.continued_logs import continue_logs
 from cocodet.tracking.lightning_logger import CHECKPOINT_KEY
 from cocodet.tracking.trainer_hooks import abort_tracking, close_tracking, prepare_tracking
 
@@ -35,16 +38,21 @@ log = logging.getLogger(__name__)
 
 
 def train(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
-    ckpt, weights_only = resume_path(spec), spec.weights_only
+    # Under torchrun, rank 0 chooses and every rank of the attempt resumes that file (elastic/meeting.py)
+    ckpt, weights_only = meet(spec.ranks, lambda: {"resume": resume_path(spec)})["resume"], spec.weights_only
     # Refused in one line before Lightning loads it (as it will: with the same weights_only);
-    # only the MLflow run id it carries is kept, not its tensors, while the model is built.
-    resumed_run_id = load_checkpoint(ckpt, weights_only).get(CHECKPOINT_KEY) if ckpt else None
+    # only the MLflow run id and the step it carries are kept, not its tensors, while the model is built.
+    resumed = load_checkpoint(ckpt, weights_only) if ckpt else {}
+    resumed_run_id, resumed_step = resumed.get(CHECKPOINT_KEY), int(resumed.get("global_step") or 0)
+    del resumed  # its tensors: Lightning loads the file again
     datamodule = build_datamodule(spec, plan)
     seed_model_init(spec.seed)
     module = build_module(spec, datamodule)
     if ckpt:  # another model's or dataset's weights: the one line mode=eval gives, before Lightning's traceback could
         load_weights(module, ckpt, weights_only)
     trainer = build_trainer(spec)
+    if ckpt and spec.ranks.global_rank == 0:  # the CSV and TensorBoard records go on in their own folders
+        continue_logs(trainer.loggers, resumed_step)
     prepare_tracking(trainer, spec.config, plan, resumed_run_id)
     return fit(trainer, module, datamodule, plan, ckpt_path=ckpt, weights_only=weights_only,
                shm_path=spec.loader.shm_path, ranks=spec.ranks)
@@ -74,6 +82,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         status = stopped.status if stopped is not None else status
     if status in ("preempted", "interrupted"):
         report_preemption(trainer, preemption, status)
+    ledger = next((c for c in trainer.callbacks if isinstance(c, AttemptLedger)), None)
     timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
     metrics = module.last_metrics or {}
     best = best_checkpoint.best_model_score if best_checkpoint else None
@@ -103,6 +112,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
         "ddp": ddp,
         "ranks": rank_check,
         "health": module.health.summary() if hasattr(module, "health") else None,
+        "attempts": ledger.close(status) if ledger is not None else None,
         **remote_record(datamodule),
         **getattr(module, "lr_record", {}),  # global_batch, effective_lr
     }

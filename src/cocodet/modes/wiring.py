@@ -86,6 +86,10 @@ def build_trainer(spec: RunSpec):
         from lightning.pytorch.callbacks import LearningRateMonitor
 
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    if spec.mode == "train":  # restarts and the steps they redid, for the summary (elastic/attempts.py)
+        from cocodet.elastic.attempts import AttemptLedger
+
+        callbacks.append(AttemptLedger(spec.run_dir))
     from cocodet.models.checkpoint_io import AtomicCheckpointIO
 
     plugins = [AtomicCheckpointIO(), *([fp16_on_cpu] if fp16_on_cpu is not None else [])]

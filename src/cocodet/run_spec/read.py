@@ -23,7 +23,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from cocodet.compat import current_targets, targets_in
-from cocodet.errors import ConfigError
+from cocodet.elastic.run_folder import unshared_folder
+from cocodet.errors import ConfigError, UserError
 from cocodet.loader.flat_layout import batch_geometry
 from cocodet.loader.worker_request import loader_request
 from cocodet.ranks import trainer_ranks
@@ -58,6 +59,10 @@ def read_spec(cfg: DictConfig) -> RunSpec:
     batches = batch_geometry(loader["batch_size"], loader.get("val_batch_size"), loader.get("group_aspect_ratio", "preset"),
                              recipe.shape)
     ranks, cuda = trainer_ranks(trainer)
+    run_dir_given = any(o.split("=", 1)[0] == "hydra.run.dir" for o in hydra_overrides())
+    unshared = unshared_folder(ranks, run_dir_given) if tree["mode"] == "train" else None
+    if unshared:  # every node and restart must find the one run's checkpoints (elastic/run_folder.py)
+        raise UserError(unshared)
     options = {k: v for k, v in data.items() if k not in ("_target_", "storage_options")}
     if options.get("keep_empty") is None:  # the recipe's default, a class attribute (nothing built)
         options["keep_empty"] = getattr(recipe.family, "keep_empty", Recipe.keep_empty)
@@ -73,7 +78,7 @@ def read_spec(cfg: DictConfig) -> RunSpec:
                             loggers=tree.get("logger") or {}, cuda=cuda),
         ckpt_path=tree.get("ckpt_path"), weights_only=bool(tree.get("weights_only", True)),
         modes={m: tree.get(m) or {} for m in MODE_GROUPS}, config=cfg,
-        run_dir_given=any(o.split("=", 1)[0] == "hydra.run.dir" for o in hydra_overrides()))
+        run_dir_given=run_dir_given)
 
 
 def plain_tree(cfg: DictConfig) -> dict:

@@ -1,0 +1,79 @@
+"""The attempts of one run, in its folder (``attempts.json``, written by rank 0): when each began,
+the step it resumed from, the furthest step it reached, and how it ended. The summary's
+``attempts`` comes from it: how many times the run was restarted and how many steps the
+restarts trained again.
+
+An attempt that began after one that never ended (a SIGKILL, a lost node, a crash: no summary
+was written) is a restart, whoever started it: torchrun's ``--max-restarts``, a Job's new pod,
+a user's second command. Its steps redone are the steps the one before had reached past the
+checkpoint this one resumed from (at most ``checkpoint.every_n_steps``). An attempt after one
+that ended (``preempted``, ``interrupted``, a stop) is a resume, not a restart.
+
+The ledger is written at every step (a few hundred bytes, atomically: a temporary file renamed
+into place), so a kill leaves the step reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import lightning as L
+
+FILENAME = "attempts.json"
+
+
+class AttemptLedger(L.Callback):
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / FILENAME
+        self.attempts: list[dict] = []
+
+    def on_train_start(self, trainer, pl_module):
+        if not trainer.is_global_zero:
+            return
+        self.attempts = read_attempts(self.path)
+        before = self.attempts[-1] if self.attempts else None
+        restart = before is not None and before.get("ended") is None
+        step = int(trainer.global_step)
+        self.attempts.append({"attempt": len(self.attempts), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                              "resumed_step": step, "reached_step": step, "restart": restart,
+                              "steps_redone": max(0, int(before["reached_step"]) - step) if restart else 0,
+                              "ended": None})
+        self._write()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.attempts and trainer.is_global_zero and trainer.global_step > self.attempts[-1]["reached_step"]:
+            self.attempts[-1]["reached_step"] = int(trainer.global_step)
+            self._write()
+
+    def close(self, status: str) -> dict | None:
+        """Record how this attempt ended; the summary's ``attempts`` (rank 0; None elsewhere)."""
+        if not self.attempts:
+            return None
+        self.attempts[-1]["ended"] = status
+        self._write()
+        return summarize(self.attempts)
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{FILENAME}.{os.getpid()}")
+        temporary.write_text(json.dumps(self.attempts, indent=1))
+        os.replace(temporary, self.path)
+
+
+def read_attempts(path: Path) -> list[dict]:
+    """The ledger's attempts; none for a run without one (or with an unreadable one: a fresh count)."""
+    try:
+        attempts = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return attempts if isinstance(attempts, list) and all(isinstance(a, dict) for a in attempts) else []
+
+
+def summarize(attempts: list[dict]) -> dict:
+    """``{"count", "restarts", "steps_redone", "resumed_steps"}`` of a run's attempts."""
+    return {"count": len(attempts), "restarts": sum(bool(a.get("restart")) for a in attempts),
+            "steps_redone": sum(int(a.get("steps_redone") or 0) for a in attempts),
+            "resumed_steps": [int(a.get("resumed_step") or 0) for a in attempts]}
