@@ -290,19 +290,24 @@ class SignalGroupAtStep(L.Callback):
             os.killpg(os.getpgid(0), self.signum)
 
 
-class KillRankOnceAtStep(L.Callback):
-    """SIGKILL rank ``rank``'s trainer, its loader workers first, at a given optimizer step
+class KillNodeOnceAtStep(L.Callback):
+    """SIGKILL the trainer started by the torchrun agent the test named ``node``
+    (``COCODET_TEST_NODE``), its loader workers first, at a given optimizer step
     (``when``: "end" after the step's batch-end hooks, checkpoint included; "start" as the
     batch begins), once per run: the file ``marker`` says it happened, so the restarted
-    attempt, which passes that step again, trains on. What a lost node does to a group."""
+    attempt, which passes that step again, trains on. What a lost node does to a group.
+    ``agent``: torchrun's agent too (a lost pod), so only a new agent can take the node's place."""
 
-    def __init__(self, step: int, rank: int, marker: str, when: str = "end"):
-        self.step, self.rank, self.marker, self.when = step, rank, marker, when
+    def __init__(self, step: int, node: str, marker: str, when: str = "end", agent: bool = False):
+        self.step, self.node, self.marker, self.when, self.agent = step, str(node), marker, when, agent
 
     def _kill(self, trainer):
-        if trainer.global_step != self.step or trainer.global_rank != self.rank or os.path.exists(self.marker):
+        here = os.environ.get("COCODET_TEST_NODE")  # the test's name for this agent (ranks follow the rendezvous)
+        if trainer.global_step != self.step or here != self.node or os.path.exists(self.marker):
             return
         open(self.marker, "w").close()
+        if self.agent:  # the whole node: torchrun's agent (this process's parent) first, so it restarts nothing
+            os.kill(os.getppid(), signal.SIGKILL)
         loader = trainer.train_dataloader
         for pid in loader.worker_pids() if hasattr(loader, "worker_pids") else []:
             os.kill(pid, signal.SIGKILL)

@@ -8,9 +8,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,130 @@ def test_a_launchers_rank_variables_reach_the_plan(env, label, ranks, synthetic_
     host_cpus, per_rank = map(int, re.search(r"CPUs: host / per rank\s+(\d+) / (\d+)", out).groups())
     assert per_rank == max(1, host_cpus // ranks) and re.search(rf"local ranks on this host\s+{ranks}\n", out)
     assert s is None and not (tmp_path / "plan" / "summary.json").exists()  # not rank 0: no summary
+
+
+# Two torchrun agents on this host act as two nodes (deploy/k8s/ runs the same flags on each pod;
+# tests/test_k8s_multinode.py holds the manifests to them). On one host both agents match the
+# rendezvous endpoint, so each says whether it hosts the rendezvous store (is_host), as pod 0's
+# DNS name decides on a cluster.
+TORCHRUN_FLAGS = ["--nnodes=2", "--nproc-per-node=1", "--max-restarts=1", "--rdzv-backend=c10d"]
+EVERY_N_STEPS = 2  # resume points at steps 2 and 4 of the 5-step epoch
+
+
+def node_overrides(root: Path, *extra: str) -> list[str]:
+    """two_ranks' run (0 workers) as two nodes of one process each."""
+    return args(root, "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2", "loader=explicit",
+                "loader.num_workers=0", f"checkpoint.every_n_steps={EVERY_N_STEPS}", *extra)
+
+
+def start_agent(node: int, port: int, run_id: str, overrides: list[str], cwd: Path,
+                env: dict | None = None) -> subprocess.Popen:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), *TORCHRUN_FLAGS, f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
+           f"--rdzv-conf=is_host={str(node == 0).lower()}", str(REPO / "train.py"), *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), "COCODET_TEST_NODE": str(node),
+           **(env or {})}  # OMP: 2 ranks, 2 cores
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def kill_once(step: int, marker: Path, when: str = "end", agent: bool = False) -> list[str]:
+    """Node 1's trainer (and its workers; ``agent``: its torchrun agent too) SIGKILLed at ``step``, once."""
+    return ["+callbacks.kill._target_=signal_at_step.KillNodeOnceAtStep", f"+callbacks.kill.step={step}",
+            "+callbacks.kill.node=1", f"+callbacks.kill.marker={marker}", f"+callbacks.kill.when={when}",
+            f"+callbacks.kill.agent={agent}"]
+
+
+def summary_of(out: str) -> dict | None:
+    lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def the_summary(outs: list[str]) -> dict:
+    """The one summary, printed by whichever agent's worker became rank 0 (the rendezvous decides)."""
+    [s] = [s for s in map(summary_of, outs) if s is not None]
+    return s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step,when,workers,redone", [
+    (2, "end", 0, 0),    # just after the resume point of step 2 was written
+    (3, "end", 0, 1),    # just before the one of step 4
+    (3, "start", 2, 1),  # mid-step, its loader workers killed with it
+], ids=["after_a_resume_point", "before_a_resume_point", "mid_step_with_workers"])
+def test_a_node_lost_mid_epoch_resumes_by_itself_and_keeps_the_stream(coco79, two_ranks, tmp_path, step, when,
+                                                                      workers, redone):
+    """torchrun --max-restarts restarts the group; the new attempt meets on a store of its own
+    (the agents' one holds the dead attempt's keys), rank 0 picks the newest resume point, and
+    the run ends with the Lightning launcher's streams, its records in one folder each."""
+    port, overrides = free_port(), node_overrides(coco79, f"loader.num_workers={workers}", *kill_once(step, tmp_path / "k", when))
+    if step == 3 and when == "end":
+        overrides.append("logger=mlflow")
+    mlflow = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    agents = [start_agent(n, port, "lost-node", overrides, tmp_path, env=mlflow) for n in (0, 1)]
+    outs = [a.communicate(timeout=600)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    s, run_dir = the_summary(outs), tmp_path / "outputs" / "torchrun" / "lost-node"  # the rendezvous id's folder
+    assert json.loads((run_dir / "summary.json").read_text()) == s
+    assert s["status"] == "completed" and s["steps"] == 5
+    assert s["attempts"] == {"count": 2, "restarts": 1, "steps_redone": redone, "resumed_steps": [0, 2]}
+    assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
+    assert re.search(r"ckpt_path=last_if_any: resuming \S+/outputs/torchrun/lost-node/checkpoints/resume.ckpt", "".join(outs))
+    for rank in (0, 1):  # each node's plan says where its ranks came from
+        assert re.search(rf"ranks read from +torchelastic \(rank {rank} of 2, node {rank}\)", "".join(outs))
+    assert [p.name for p in (run_dir / "csv").iterdir()] == ["version_0"]  # one run's records, not one per attempt
+    assert [p.name for p in (run_dir / "tensorboard").iterdir()] == ["version_0"]
+    if "logger=mlflow" in overrides:  # the restarted attempt continued the MLflow run the first one began
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=mlflow["MLFLOW_TRACKING_URI"])
+        runs = client.search_runs([client.get_experiment_by_name("cocodet").experiment_id])
+        assert [r.info.run_id for r in runs] == [s["mlflow"]["run_id"]] and runs[0].info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_lost_agent_replaced_by_a_new_one_resumes_the_run(coco79, two_ranks, tmp_path):
+    """What a recreated pod does: node 1's whole agent is SIGKILLed (nothing there restarts
+    anything) and a new agent is started in its place with the same command."""
+    port, overrides = free_port(), node_overrides(coco79, *kill_once(3, tmp_path / "k", agent=True))
+    # Each round its own store: what an agent joining survivors needs (elastic/meeting.py)
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    node0, lost = (start_agent(n, port, "replaced", overrides, tmp_path, env) for n in (0, 1))
+    lost.communicate(timeout=600)
+    assert lost.returncode == -signal.SIGKILL
+    new = start_agent(1, port, "replaced", overrides, tmp_path, env)
+    outs = [node0.communicate(timeout=600)[0], new.communicate(timeout=600)[0]]
+    assert [node0.returncode, new.returncode] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    s = the_summary(outs)
+    assert s["status"] == "completed" and s["attempts"]["restarts"] == 1 and s["attempts"]["steps_redone"] == 1
+    assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_node_still_ends_preempted_with_a_resume_point(coco79, tmp_path):
+    port = free_port()
+    agents = [start_agent(n, port, "preempted", node_overrides(coco79, "checkpoint.every_n_steps=0"), tmp_path)
+              for n in (0, 1)]
+    ledger, deadline = tmp_path / "outputs" / "torchrun" / "preempted" / "attempts.json", time.monotonic() + 300
+    while time.monotonic() < deadline and not (ledger.is_file() and json.loads(ledger.read_text())[-1]["reached_step"] >= 2):
+        time.sleep(0.2)
+    for agent in agents:  # a cluster's preemption: every pod, at once
+        agent.send_signal(signal.SIGTERM)
+    outs = [a.communicate(timeout=300)[0] for a in agents]
+    s = the_summary(outs)
+    assert s["status"] == "preempted", outs[0][-3000:]
+    assert s["last_ckpt"].endswith("checkpoints/resume.ckpt") and 2 <= s["steps"] < 5
+    assert s["attempts"] == {"count": 1, "restarts": 0, "steps_redone": 0, "resumed_steps": [0]}
+
+
+def test_a_multi_node_launch_without_one_run_folder_is_refused_in_one_line(tmp_path):
+    """torchrun's default rendezvous id ("none") names no run: two nodes would compose two
+    ${now} folders, and a restart a third."""
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "none", "RANK": "1", "LOCAL_RANK": "0", "GROUP_RANK": "1",
+           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_MAX_RESTARTS": "0"}
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "trainer=ddp_cpu", "trainer.devices=1",
+                           "trainer.num_nodes=2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()[-1:]
+    assert line.startswith("error: this torchelastic launch (2 ranks on 2 nodes) has no run folder")
+    assert "torchrun --rdzv-id=<run name>" in line and "hydra.run.dir=" in line
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.ckpt"))

@@ -180,6 +180,7 @@ class LoaderPlan:
     image_side: int | None = None  # the largest (padded) image side budgeted per image
     timeout_s: float = 0.0  # seconds a batch may take before the loader fails (0: wait forever)
     local_ranks: int = 1  # processes of this run on this host: they share its CPUs, /dev/shm and memory
+    ranks_from: str = ""  # where the ranks were read: "torchelastic (rank 1 of 2, node 1)" (cocodet.ranks)
     host_cpus: int | None = None  # this host's CPUs for the run (affinity, quota), before dividing among ranks
     group_aspect_ratio: int | None = None  # train batches from one of 2k+2 aspect-ratio bins (None: not grouped)
     caps: list[WorkerCap] = field(default_factory=list)  # every cap evaluated, in the order evaluated

@@ -11,6 +11,7 @@ import numpy as np
 from cocodet.storage.store import is_remote
 
 from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.pod_requests import pod_requests
 from cocodet.loader.resources import HostResources
 from cocodet.run_spec.records import RunSpec
 
@@ -52,7 +53,7 @@ def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> di
         log.info("learning rate: %s", lr_words(scaling, spec.loader.batches.batch_size, spec.ranks.world_size,
                                                 int(spec.trainer.args.get("accumulate_grad_batches") or 1)))
     remote = remote_reads(spec, train, loader_plan) if is_remote(str(d["root"])) else None
-    return {"mode": "plan", **loader_plan.summary(), "host": resources.as_dict(), "train_images": len(train),
+    return {"mode": "plan", **loader_plan.summary(), "pod": pod_requests(loader_plan), "host": resources.as_dict(), "train_images": len(train),
             "val_images": len(val), **({"remote": remote} if remote else {})}
 
 

@@ -23,6 +23,8 @@ def build_plan(spec: RunSpec) -> tuple[LoaderPlan, HostResources]:
     loader = spec.loader
     resources = probe(shm_path=loader.shm_path, ranks_per_host=spec.ranks.local_world_size)
     plan = plan_loader(loader.request, loader.batches, resources, spec.trainer.cuda)
+    r = spec.ranks
+    plan.ranks_from = f"{r.launcher} (rank {r.global_rank} of {r.world_size}, node {r.node_rank})"
     log.info("loader plan%s:\n%s", spec.ranks.label(), plan.table())
     for warning in plan.warnings:
         log.warning("loader plan: %s", warning)
