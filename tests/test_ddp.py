@@ -219,7 +219,7 @@ def test_a_launchers_rank_variables_reach_the_plan(env, label, ranks, synthetic_
     out = proc.stdout + proc.stderr
     assert label in out
     host_cpus, per_rank = map(int, re.search(r"CPUs: host / per rank\s+(\d+) / (\d+)", out).groups())
-    assert per_rank == max(1, host_cpus // ranks) and re.search(rf"local ranks on this host\s+{ranks}\n", out)
+    assert per_rank == max(1, host_cpus // ranks) and re.search(rf"local ranks on this host\s+{ranks} \(ranks read from ", out)
     assert s is None and not (tmp_path / "plan" / "summary.json").exists()  # not rank 0: no summary
 
 
@@ -242,7 +242,8 @@ def start_agent(node: int, port: int, run_id: str, overrides: list[str], cwd: Pa
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), *TORCHRUN_FLAGS, f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
            f"--rdzv-conf=is_host={str(node == 0).lower()}", str(REPO / "train.py"), *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), "COCODET_TEST_NODE": str(node),
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "COCODET_TEST_NODE": str(node),
            **(env or {})}  # OMP: 2 ranks, 2 cores
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -290,7 +291,8 @@ def test_a_node_lost_mid_epoch_resumes_by_itself_and_keeps_the_stream(coco79, tw
     assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
     assert re.search(r"ckpt_path=last_if_any: resuming \S+/outputs/torchrun/lost-node/checkpoints/resume.ckpt", "".join(outs))
     for rank in (0, 1):  # each node's plan says where its ranks came from
-        assert re.search(rf"ranks read from +torchelastic \(rank {rank} of 2, node {rank}\)", "".join(outs))
+        assert re.search(rf"local ranks on this host +1 \(ranks read from torchelastic \(rank {rank} of 2, node {rank}\)\)",
+                         "".join(outs))
     assert [p.name for p in (run_dir / "csv").iterdir()] == ["version_0"]  # one run's records, not one per attempt
     assert [p.name for p in (run_dir / "tensorboard").iterdir()] == ["version_0"]
     if "logger=mlflow" in overrides:  # the restarted attempt continued the MLflow run the first one began

@@ -20,7 +20,7 @@ from conftest import REPO
 
 README = REPO / "README.md"
 DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
-HEADINGS = ("Setup", "Your own data", "Watching a run", "Tracking runs in MLflow", "Resuming", "GPU hosts and containers", "Kubernetes",
+HEADINGS = ("Setup", "Your own data", "Watching a run", "Tracking runs in MLflow", "Resuming", "GPU hosts and containers", "Beyond one machine", "Kubernetes",
             "Data in a bucket", "Published recipes", "Reference presets", "Using a trained detector",
             "Sweeping the loader", "Configuration groups", "Troubleshooting")
 

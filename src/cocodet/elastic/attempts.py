@@ -16,11 +16,14 @@ into place), so a kill leaves the step reached.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 
 import lightning as L
+
+log = logging.getLogger(__name__)
 
 FILENAME = "attempts.json"
 
@@ -29,6 +32,7 @@ class AttemptLedger(L.Callback):
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / FILENAME
         self.attempts: list[dict] = []
+        self.unwritten = False  # a write failed (warned once)
 
     def on_train_start(self, trainer, pl_module):
         if not trainer.is_global_zero:
@@ -57,10 +61,17 @@ class AttemptLedger(L.Callback):
         return summarize(self.attempts)
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Bookkeeping never stops a run: a full disk is the checkpoints' to report (``disk_full``)."""
         temporary = self.path.with_name(f".{FILENAME}.{os.getpid()}")
-        temporary.write_text(json.dumps(self.attempts, indent=1))
-        os.replace(temporary, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(self.attempts, indent=1))
+            os.replace(temporary, self.path)
+        except OSError as e:
+            temporary.unlink(missing_ok=True)
+            if not self.unwritten:
+                log.warning("%s not written (%s): a restart of this run will not be counted", self.path, e)
+            self.unwritten = True
 
 
 def read_attempts(path: Path) -> list[dict]:

@@ -3,7 +3,6 @@ Read by attribute, so this module sits below ``plan_record.py``, which imports i
 
 from __future__ import annotations
 
-from cocodet.loader.pod_requests import pod_requests_text
 from cocodet.units import mib
 
 
@@ -30,8 +29,7 @@ def plan_table(plan) -> str:
                           if plan.group_aspect_ratio else "in shuffled order (loader.group_aspect_ratio=null)"),
         ("prefetch / pin / persistent", f"{plan.prefetch_factor} / {plan.pin_memory} / {plan.persistent_workers}"),
         ("in flight", f"{mib(plan.inflight_bytes)}, {plan.inflight_fds} fds/maps ({plan.fds_per_batch} per batch)"),
-        ("local ranks on this host", str(plan.local_ranks)),
-        *([("ranks read from", plan.ranks_from)] if plan.ranks_from else []),
+        ("local ranks on this host", f"{plan.local_ranks}" + (f" (ranks read from {plan.ranks_from})" if plan.ranks_from else "")),
         ("CPUs: host / per rank", f"{plan.host_cpus} / {plan.usable_cpus}"),
         ("/dev/shm: host free / rank budget", f"{mib(plan.shm_free_bytes)} / {mib(plan.shm_budget_bytes)}"),
         ("memory: host available / per rank", f"{mib(plan.memory_available_bytes)} / "
@@ -53,7 +51,6 @@ def plan_table(plan) -> str:
     if plan.window_note:
         rows.append(("window cache", f"{plan.window_slots} slots, {mib(plan.window_bytes)} in anonymous shared memory "
                                      f"(memfd, not /dev/shm): {plan.window_note}"))
-    rows.append(("pod requests, per node", pod_requests_text(plan)))
     rows += [("WARNING", w) for w in plan.warnings]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

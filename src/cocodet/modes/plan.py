@@ -11,7 +11,7 @@ import numpy as np
 from cocodet.storage.store import is_remote
 
 from cocodet.loader.plan_record import LoaderPlan
-from cocodet.loader.pod_requests import pod_requests
+from cocodet.loader.pod_requests import pod_requests, pod_requests_text
 from cocodet.loader.resources import HostResources
 from cocodet.run_spec.records import RunSpec
 
@@ -46,6 +46,7 @@ def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> di
 
         verify_indexes(train, val, spec.run_dir, int(d["max_image_pixels"]))
     log.info("host preflight:\n%s", resources.table())
+    log.info("pod requests, per node (Kubernetes, deploy/k8s/): %s", pod_requests_text(loader_plan))
     scaling = spec.model.config.get("lr_scaling") if spec.model is not None else None
     if scaling:  # what training will use (it logs the same from its trainer, models/optimization.py)
         from cocodet.models.reference_schedule import lr_words
@@ -53,8 +54,8 @@ def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> di
         log.info("learning rate: %s", lr_words(scaling, spec.loader.batches.batch_size, spec.ranks.world_size,
                                                 int(spec.trainer.args.get("accumulate_grad_batches") or 1)))
     remote = remote_reads(spec, train, loader_plan) if is_remote(str(d["root"])) else None
-    return {"mode": "plan", **loader_plan.summary(), "pod": pod_requests(loader_plan), "host": resources.as_dict(), "train_images": len(train),
-            "val_images": len(val), **({"remote": remote} if remote else {})}
+    return {"mode": "plan", **loader_plan.summary(), "pod": pod_requests(loader_plan), "host": resources.as_dict(),
+            "train_images": len(train), "val_images": len(val), **({"remote": remote} if remote else {})}
 
 
 def remote_reads(spec: RunSpec, train, loader_plan: LoaderPlan) -> dict:
