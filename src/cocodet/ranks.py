@@ -202,3 +202,29 @@ def finish_ranks(trainer) -> None:
     if trainer.is_global_zero:
         for proc in getattr(trainer.strategy.launcher, "procs", None) or []:
             proc.wait(timeout=300)
+
+
+@dataclass(frozen=True)
+class ElasticLaunch:
+    """What torchrun tells its workers beyond their ranks (design §7.4). ``run_id``: its
+    ``--rdzv-id`` (None outside torchrun, or for its default, "none", which names no run);
+    ``max_restarts``: its ``--max-restarts`` (0 outside torchrun); ``shared_store``: the agents
+    share one store across restarts (``TORCHELASTIC_USE_AGENT_STORE``; not with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` on the agents)."""
+
+    run_id: str | None
+    max_restarts: int
+    shared_store: bool
+
+
+def elastic_launch(environ: Mapping[str, str] | None = None) -> ElasticLaunch:
+    env = os.environ if environ is None else environ
+    run_id = str(env.get("TORCHELASTIC_RUN_ID", "")).strip()
+    return ElasticLaunch(None if run_id.lower() in ("", "none") else run_id, max(0, _int(env, "TORCHELASTIC_MAX_RESTARTS")),
+                         env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+
+
+def leave_the_agents_store(port: int) -> None:
+    """From now on this process's ``init_process_group`` (env://) uses a store on ``port``
+    served by rank 0, not torchrun's agents' one (elastic/meeting.py says why)."""
+    os.environ.update(MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="False")

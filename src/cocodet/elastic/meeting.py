@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Callable
 
 from cocodet.errors import UserError
-from cocodet.ranks import Ranks
+from cocodet.ranks import Ranks, elastic_launch, leave_the_agents_store
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def meet(ranks: Ranks, choose: Callable[[], dict], timeout_s: float = TIMEOUT_S)
     from torch.distributed import TCPStore
 
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    shared = elastic_launch().shared_store
     if shared and ranks.world_size > ranks.local_world_size and ranks.global_rank == 0:
         log.warning("torchrun's agents share one store across restarts (TORCH_DISABLE_SHARE_RDZV_TCP_STORE is not 1): "
                     "a restarted group meets anew, but an agent started in place of a lost node cannot join (torch "
@@ -63,7 +63,7 @@ def meet(ranks: Ranks, choose: Callable[[], dict], timeout_s: float = TIMEOUT_S)
     else:
         offer = _answer(store, ranks, timeout_s)
     # Shared: Lightning's init_process_group (env://) makes rank 0 serve a new store on the new port.
-    os.environ.update(MASTER_PORT=str(offer["port"]), TORCHELASTIC_USE_AGENT_STORE="False")
+    leave_the_agents_store(offer["port"])
     log.info("rank %d met the %d other rank(s) of this attempt (%s); the process group's store: %s:%d",
              ranks.global_rank, ranks.world_size - 1, offer["token"][:8], addr, offer["port"])
     return offer["choice"]

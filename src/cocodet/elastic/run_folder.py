@@ -11,15 +11,13 @@ no id and no ``hydra.run.dir``) is refused in one line (:func:`unshared_folder`)
 
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 from omegaconf import OmegaConf
 
-from cocodet.ranks import Ranks
+from cocodet.ranks import Ranks, elastic_launch
 
 RESOLVER = "cocodet_run_dir"  # conf/config.yaml: hydra.run.dir: ${cocodet_run_dir:<Hydra's usual default>}
-NO_ID = ("", "none")  # torchrun's --rdzv-id when none is given: shared by every such launch, so not a run's
 
 
 def register() -> None:
@@ -28,30 +26,18 @@ def register() -> None:
         OmegaConf.register_new_resolver(RESOLVER, default_run_dir)
 
 
-def rendezvous_id(environ: Mapping[str, str] | None = None) -> str | None:
-    """torchrun's rendezvous id, as its agents give it to every worker; None outside torchrun or
-    when the launch named none."""
-    run_id = (os.environ if environ is None else environ).get("TORCHELASTIC_RUN_ID")
-    return None if run_id is None or run_id.strip().lower() in NO_ID else run_id.strip()
-
-
 def default_run_dir(default: str, environ: Mapping[str, str] | None = None) -> str:
     """``outputs/torchrun/<rendezvous id>`` under torchrun with an id, else ``default``."""
-    run_id = rendezvous_id(environ)
+    run_id = elastic_launch(environ).run_id
     return f"outputs/torchrun/{run_id}" if run_id else default
-
-
-def restarts_allowed(environ: Mapping[str, str] | None = None) -> int:
-    """torchrun's ``--max-restarts`` for this launch (0 outside torchrun)."""
-    value = (os.environ if environ is None else environ).get("TORCHELASTIC_MAX_RESTARTS", "0")
-    return int(value) if value.isdigit() else 0
 
 
 def unshared_folder(ranks: Ranks, run_dir_given: bool, environ: Mapping[str, str] | None = None) -> str | None:
     """Why this launch would write to more than one folder (one line, with what to pass), or None."""
     nodes = -(-ranks.world_size // max(1, ranks.local_world_size))
-    restarts = restarts_allowed(environ) if ranks.launcher == "torchelastic" else 0
-    if run_dir_given or (nodes <= 1 and not restarts) or (ranks.launcher == "torchelastic" and rendezvous_id(environ)):
+    launch = elastic_launch(environ)
+    restarts = launch.max_restarts if ranks.launcher == "torchelastic" else 0
+    if run_dir_given or (nodes <= 1 and not restarts) or (ranks.launcher == "torchelastic" and launch.run_id):
         return None
     how = f"{ranks.world_size} ranks on {nodes} nodes" if nodes > 1 else f"--max-restarts={restarts}"
     fix = ("torchrun --rdzv-id=<run name> (the folder is then outputs/torchrun/<run name>) or "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import lightning as L
 
-from cocodet.elastic.run_folder import restarts_allowed
+from cocodet.ranks import elastic_launch
 from cocodet.storage.store import StoreDown
 
 log = logging.getLogger(__name__)
@@ -101,17 +101,18 @@ class PreemptionCheckpoint(L.Callback):
 
 # checkpoint.every_n_steps=auto where a run can lose a node or be restarted. A resume point costs
 # one save (rank 0 writes; the others wait at the next collective): fasterrcnn_resnet50_fpn with
-# SGD's momentum is 319 MiB, 0.66 s to a local disk, 1-3 s to a network volume. A lost node costs
-# the steps since the last point, on every node, plus the restart (about a minute of start-up).
-# At 0.25 s a step (the torchvision reference's R50-FPN on 8 GPUs), 500 steps are about 2
-# minutes of the whole group at most, for 1-2% of the time in saves (docs/design.md §7.4).
+# SGD's momentum is 319 MiB, 0.73 s to a local disk (benchmarks/checkpoint_cost.py), an estimated
+# 1-3 s to a network volume at 100-300 MB/s. A lost node costs the steps since the last point, on
+# every node, plus the restart (about a minute of start-up). At 0.25 s a step (the torchvision
+# reference's R50-FPN on 8 GPUs), 500 steps are about 2 minutes of the whole group at most, for
+# 1-2% of the time in saves (docs/design.md §7.4).
 AUTO_STEPS = 500
 
 
 def auto_every_n_steps(num_nodes: int) -> tuple[int, str]:
     """(steps between resume points, why) for ``checkpoint.every_n_steps=auto``: AUTO_STEPS
     on several nodes or under torchrun restarts, else 0 (epoch ends and SIGTERM only)."""
-    restarts = restarts_allowed()
+    restarts = elastic_launch().max_restarts
     if num_nodes > 1 or restarts:
         where = f"{num_nodes} nodes" if num_nodes > 1 else f"torchrun --max-restarts={restarts}"
         return AUTO_STEPS, f"resume.ckpt every {AUTO_STEPS} steps ({where}: a lost node costs at most that many)"

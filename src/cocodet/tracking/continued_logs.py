@@ -17,6 +17,7 @@ import csv
 import io
 import logging
 import re
+import warnings
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,9 @@ def _keep_rows_before(logger, step: int) -> None:
     rows = list(csv.DictReader(io.StringIO(text)))
     header = next(csv.reader(io.StringIO(text)), [])
     kept = [r for r in rows if not str(r.get("step", "")).isdigit() or int(r["step"]) < step]
-    writer = logger.experiment  # deletes metrics.csv
+    with warnings.catch_warnings():  # "... will be deleted": not so, the rows are written back below
+        warnings.filterwarnings("ignore", message="Experiment logs directory")
+        writer = logger.experiment  # deletes metrics.csv
     if not header:
         return
     with open(path, "w", newline="") as f:
