@@ -45,6 +45,9 @@ class PreemptionCheckpoint(L.Callback):
         self.preempted = False
         self.interrupted = False  # a Ctrl-C, taken as SIGTERM
         self._sigint = None  # the SIGINT handler before the run's own (restored when it ends)
+        self._sigterm = None  # several ranks: the SIGTERM handler before ours (restored when it ends)
+        self.sigterm_noted = False  # several ranks: this rank received SIGTERM; the ranks agree at a batch end
+        self._launcher = None
 
     def setup(self, trainer, pl_module, stage):
         if self.setting == "auto":
@@ -63,6 +66,18 @@ class PreemptionCheckpoint(L.Callback):
         KeyboardInterrupt wherever the run is."""
         if self._sigint is None:
             self._sigint = signal.signal(signal.SIGINT, self._first_interrupt)
+        if trainer.world_size > 1 and self._sigterm is None:
+            # Lightning's own handler broadcasts from inside the signal handler, wherever each rank
+            # happens to be: ranks signalled at different points pair that broadcast with another
+            # collective and the group hangs (a preempted cluster's two nodes, killed 30 s later
+            # with no summary). Ours only notes the signal; the ranks agree at a batch end.
+            self._launcher = trainer.strategy.launcher
+            self._sigterm = signal.signal(signal.SIGTERM, self._note_sigterm)
+
+    def _note_sigterm(self, signum, frame) -> None:
+        if not self.sigterm_noted and self._launcher is not None:  # Lightning's launcher: its ranks hear it too
+            self._launcher.kill(signum)
+        self.sigterm_noted = True
 
     def _first_interrupt(self, signum, frame) -> None:
         self.interrupted = True
@@ -75,12 +90,27 @@ class PreemptionCheckpoint(L.Callback):
         if self._sigint is not None:
             signal.signal(signal.SIGINT, self._sigint)
             self._sigint = None
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._sigterm is not None and self._any_rank_signalled(trainer):
+            trainer._signal_connector.received_sigterm = True  # every rank: Lightning stops after this batch
         if trainer.received_sigterm:
             self._save_on_sigterm(trainer)
         elif self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
             self._save(trainer)
+
+    def _any_rank_signalled(self, trainer) -> bool:
+        """Whether any rank received SIGTERM: one collective per step (a one-element all-reduce),
+        at the same batch on every rank, so all of them save and stop together."""
+        import torch
+        import torch.distributed as dist
+
+        noted = torch.tensor([1.0 if self.sigterm_noted else 0.0], device=trainer.strategy.root_device)
+        dist.all_reduce(noted, op=dist.ReduceOp.MAX)
+        return bool(noted.item())
 
     def on_exception(self, trainer, pl_module, exception):
         if trainer.received_sigterm:  # during validation, or after this hook in the batch: the position is exact
