@@ -269,38 +269,45 @@ def the_summary(outs: list[str]) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("step,when,workers,redone", [
     (2, "end", 0, 0),    # just after the resume point of step 2 was written
-    (3, "end", 0, 1),    # just before the one of step 4
-    (3, "start", 2, 1),  # mid-step, its loader workers killed with it
-], ids=["after_a_resume_point", "before_a_resume_point", "mid_step_with_workers"])
+    (3, "start", 2, 1),  # mid-step, before the resume point of step 4, its loader workers killed with it
+], ids=["after_a_resume_point", "mid_step_with_workers"])
 def test_a_node_lost_mid_epoch_resumes_by_itself_and_keeps_the_stream(coco79, two_ranks, tmp_path, step, when,
                                                                       workers, redone):
     """torchrun --max-restarts restarts the group; the new attempt meets on a store of its own
     (the agents' one holds the dead attempt's keys), rank 0 picks the newest resume point, and
-    the run ends with the Lightning launcher's streams, its records in one folder each."""
+    the run ends with the Lightning launcher's streams, its records in one folder each. (A node
+    lost at the end of step 3, before the resume point of step 4, is the replaced agent's test.)"""
     port, overrides = free_port(), node_overrides(coco79, f"loader.num_workers={workers}", *kill_once(step, tmp_path / "k", when))
-    if step == 3 and when == "end":
+    if redone:
         overrides.append("logger=mlflow")
     mlflow = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
     agents = [start_agent(n, port, "lost-node", overrides, tmp_path, env=mlflow) for n in (0, 1)]
     outs = [a.communicate(timeout=600)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    s, run_dir = the_summary(outs), tmp_path / "outputs" / "torchrun" / "lost-node"  # the rendezvous id's folder
-    assert json.loads((run_dir / "summary.json").read_text()) == s
-    assert s["status"] == "completed" and s["steps"] == 5
-    assert s["attempts"] == {"count": 2, "restarts": 1, "steps_redone": redone, "resumed_steps": [0, 2]}
-    assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
-    assert re.search(r"ckpt_path=last_if_any: resuming \S+/outputs/torchrun/lost-node/checkpoints/resume.ckpt", "".join(outs))
-    for rank in (0, 1):  # each node's plan says where its ranks came from
-        assert re.search(rf"local ranks on this host +1 \(ranks read from torchelastic \(rank {rank} of 2, node {rank}\)\)",
-                         "".join(outs))
-    assert [p.name for p in (run_dir / "csv").iterdir()] == ["version_0"]  # one run's records, not one per attempt
-    assert [p.name for p in (run_dir / "tensorboard").iterdir()] == ["version_0"]
+    s = assert_one_resumed_run(outs, tmp_path / "outputs" / "torchrun" / "lost-node", two_ranks, redone)
     if "logger=mlflow" in overrides:  # the restarted attempt continued the MLflow run the first one began
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=mlflow["MLFLOW_TRACKING_URI"])
         runs = client.search_runs([client.get_experiment_by_name("cocodet").experiment_id])
         assert [r.info.run_id for r in runs] == [s["mlflow"]["run_id"]] and runs[0].info.status == "FINISHED"
+
+
+def assert_one_resumed_run(outs: list[str], run_dir: Path, two_ranks: dict, redone: int) -> dict:
+    """The run resumed once at step 2 ended as the Lightning launcher's, its records in one folder."""
+    s = the_summary(outs)  # run_dir: the rendezvous id's folder
+    assert json.loads((run_dir / "summary.json").read_text()) == s
+    assert s["status"] == "completed" and s["steps"] == 5
+    assert s["attempts"] == {"count": 2, "restarts": 1, "steps_redone": redone, "resumed_steps": [0, 2]}
+    assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
+    assert re.search(rf"ckpt_path=last_if_any: resuming \S+/outputs/torchrun/{run_dir.name}/checkpoints/resume.ckpt",
+                     "".join(outs))
+    for rank in (0, 1):  # each node's plan says where its ranks came from
+        assert re.search(rf"local ranks on this host +1 \(ranks read from torchelastic \(rank {rank} of 2, node {rank}\)\)",
+                         "".join(outs))
+    assert [p.name for p in (run_dir / "csv").iterdir()] == ["version_0"]  # one run's records, not one per attempt
+    assert [p.name for p in (run_dir / "tensorboard").iterdir()] == ["version_0"]
+    return s
 
 
 @pytest.mark.slow
@@ -316,9 +323,7 @@ def test_a_lost_agent_replaced_by_a_new_one_resumes_the_run(coco79, two_ranks, t
     new = start_agent(1, port, "replaced", overrides, tmp_path, env)
     outs = [node0.communicate(timeout=600)[0], new.communicate(timeout=600)[0]]
     assert [node0.returncode, new.returncode] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    s = the_summary(outs)
-    assert s["status"] == "completed" and s["attempts"]["restarts"] == 1 and s["attempts"]["steps_redone"] == 1
-    assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
+    assert_one_resumed_run(outs, tmp_path / "outputs" / "torchrun" / "replaced", two_ranks, redone=1)
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""make train's recipe, trained once for 2 of its 6 epochs, and the checkpoint it leaves used
+"""make train's recipe, trained once for 1 of its 6 epochs, and the checkpoint it leaves used
 three ways: mode=eval, mode=predict, mode=export (+ its standalone script).
 
 The one training run serves every test here (one file, so that the two xdist processes never
@@ -25,15 +25,16 @@ pytestmark = pytest.mark.slow
 
 
 N_VAL = 96  # the default synthetic set's val split
+EPOCHS = 1  # of make train's 6: mAP@0.5 0.42 after it (0.75 after 2, 0.88-0.90 after 6), 95 s on one thread
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """`make train`'s recipe (the defaults; the synthetic set generated in a temp dir) for its
-    first 2 of 6 epochs, as a user runs it (train.py in its own process)."""
+    """`make train`'s recipe (the defaults; the synthetic set generated in a temp dir) for one
+    epoch (its schedule then spans that epoch), as a user runs it (train.py in its own process)."""
     base = tmp_path_factory.mktemp("default_recipe")
     root = base / "synthetic"
-    _, s = run_train([f"dataset.root={root}", "trainer.max_epochs=2"], base / "run", timeout=1800)
+    _, s = run_train([f"dataset.root={root}", f"trainer.max_epochs={EPOCHS}"], base / "run", timeout=1800)
     assert s["status"] == "completed" and s["last_ckpt"]
     yield {"root": root, "data": [f"dataset.root={root}"], "summary": s, "ckpt": s["last_ckpt"], "base": base,
            "run_dir": base / "run"}
@@ -41,17 +42,17 @@ def trained(tmp_path_factory):
 
 
 def test_default_training_reaches_map50(trained):
-    """`make train`'s recipe for its first 2 of 6 epochs: the end-to-end proof that images,
-    boxes, labels and evaluation line up. mAP@0.5 reads about 0.75 after 2 epochs and
-    0.88-0.90 after `make train`'s 6 (docs/benchmarks.md), so 0.25 is far from noise; the 6
-    epochs themselves are measured by `make train`."""
+    """`make train`'s recipe for one epoch: the end-to-end proof that images, boxes, labels and
+    evaluation line up. mAP@0.5 reads 0.42 after that epoch (a model that has learned nothing
+    reads 0.00, misaligned boxes a small fraction of it) and 0.88-0.90 after `make train`'s 6
+    (docs/benchmarks.md); the 6 epochs themselves are measured by `make train`."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         assert compose(config_name="config").trainer.max_epochs == 6  # what make train runs
     s = trained["summary"]
     assert s["map50"] >= 0.25, s
-    assert s["epochs"] == 2 and s["best_map"] is not None
+    assert s["epochs"] == EPOCHS and s["best_map"] is not None
     assert s["health"]["warnings"] == [] and s["health"]["skipped_nonfinite_steps"] == 0, s["health"]
     assert s["health"]["confident_predictions"] > 0
     assert (trained["run_dir"] / "val_predictions.png").stat().st_size > 0  # the last validation's grid
