@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_in_process
+from conftest import NARROW_MODEL, REPO, run_in_process
 from test_bad_input import make_dataset
 from test_trust import png_bomb
 
@@ -70,7 +70,8 @@ def sets(coco_tiny, tmp_path_factory):
 def dataset_args(sets, ann: str) -> list[str]:
     return ["dataset=coco", f"dataset.root={sets['root']}", "dataset.train_images=images", "dataset.val_images=images",
             f"dataset.train_ann={ann}", f"dataset.val_ann={ann}", "dataset.image_size=320", "dataset.on_bad_sample=skip",
-            "dataset.cache_dir=null", "loader=explicit", "loader.num_workers=1", "loader.batch_size=5", "logger=none"]
+            "dataset.cache_dir=null", "loader=explicit", "loader.num_workers=1", "loader.batch_size=5", "logger=none",
+            NARROW_MODEL]  # what is measured is the bomb's cost beside the same model's, whatever its width
 
 
 @pytest.fixture(scope="module")
