@@ -1,7 +1,5 @@
 # make train / make test on a fresh clone: bootstrap .venv, then run.
 # The venv is rebuilt only when the requirements files or pyproject.toml change (stamp = their hash).
-# --no-compile: pip would byte-compile every module of torch and the rest at install, 40 of a
-# fresh venv's 108 s here; Python compiles a module the first time it is imported instead.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -15,7 +13,7 @@ PYTEST_ARGS ?=
 $(STAMP): requirements.txt requirements-onnx.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -r requirements.txt -r requirements-onnx.txt -r requirements-test.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-onnx.txt -r requirements-test.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
