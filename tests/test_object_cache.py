@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 import pytest
+import s3fs  # noqa: F401  (pinned in requirements.txt: missing, it fails here, never skips)
 
 from conftest import REPO
 from moto_store import DUMMY_KEYS, moto_server, recorded, s3_client
 
-pytest.importorskip("s3fs")
 BUCKET = "objects"
 SIZES = [3000 + 700 * k for k in range(12)]
 FORK = multiprocessing.get_context("fork")
