@@ -41,7 +41,7 @@ class PreDecoded(torch.utils.data.Dataset):
         xy = rng.uniform(0, self.size / 2, size=(k, 2)).astype(np.float32)
         return {"image": self.pool[i % 8], "boxes": np.concatenate([xy, xy + 20], 1),
                 "labels": rng.integers(1, 80, k).astype(np.int64), "image_id": i, "key": (0, i),
-                "to_original": np.array([self.size, self.size, 1], np.float32), "stage_seconds": np.zeros(3),
+                "to_original": np.array([self.size, self.size, 1], np.float32), "stage_seconds": np.zeros(4),
                 "pad_share": 0.0,
                 "skipped": []}
 

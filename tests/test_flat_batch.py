@@ -24,7 +24,7 @@ def make_sample(rng: np.random.Generator, h: int, w: int, n_boxes: int, image_id
         "image_id": image_id,
         "key": (0, image_id),
         "to_original": np.array([h * 2, w * 2, 0.5], np.float32),
-        "stage_seconds": np.zeros(3),
+        "stage_seconds": np.zeros(4),
         "pad_share": 0.0,
         "skipped": [],
     }

@@ -58,7 +58,7 @@ def flat(b: int = 2) -> FlatBatch:
     return FlatBatch(images=torch.zeros(b, 3, 32, 32, dtype=torch.uint8), image_sizes=torch.full((b, 2), 32),
                      boxes=torch.zeros(0, 4), labels=torch.zeros(0, dtype=torch.int64),
                      box_counts=torch.zeros(b, dtype=torch.int64), sample_keys=torch.zeros(b, 3, dtype=torch.int64),
-                     to_original=torch.ones(b, 3), sample_stats=torch.zeros(b, 5, dtype=torch.float64))
+                     to_original=torch.ones(b, 3), sample_stats=torch.zeros(b, 7, dtype=torch.float64))
 
 
 def test_transfer_timer_falls_back_to_the_wall_clock_on_cpu():

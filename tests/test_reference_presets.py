@@ -105,7 +105,7 @@ def stock_transform(train: bool, resizes: bool) -> GeneralizedRCNNTransform:
 
 def ours_through_the_model(samples: list, train: bool):
     """cocodet's samples through the FlatBatch transport and the model's (loader-sized) transform."""
-    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(3))
+    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(4))
                     for k, s in enumerate(samples)])
     images, targets = restore(flat)
     return LoaderSizedTransform(*SIZES, MEAN, STD).train(train)(images, [dict(t) for t in targets]), flat
@@ -220,7 +220,7 @@ def test_the_models_transform_neither_resizes_nor_pads_again(name, raws):
     assert (stock.min_size, stock.max_size) == ((BUILDER_SIZES[name][0],), BUILDER_SIZES[name][1])
     samples = [HFlip(128, builder_sizes(name))(raw, np.random.default_rng((0, 0, k)), [])
                for k, raw in enumerate(raws[:3])]
-    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(3))
+    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(4))
                     for k, s in enumerate(samples)])
     images, targets = restore(flat)
     for train in (True, False):

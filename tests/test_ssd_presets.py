@@ -77,7 +77,7 @@ def ssd_transform(train: bool, loader_sized: bool):
 
 
 def through_the_model(samples, train: bool):
-    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(3))
+    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(4))
                     for k, s in enumerate(samples)])
     images, targets = restore(flat)
     return ssd_transform(train, loader_sized=True)(images, [dict(t) for t in targets] if train else None)
@@ -235,7 +235,7 @@ def test_the_models_transform_does_nothing_more(name, raws):
     assert isinstance(sized, LoaderSizedTransform) and sized.size_divisible == stock.transform.size_divisible
     recipe = SingleShotPreset(128, FIXED_SIZES[name], photometric=True, zoom_out=True)
     samples = [recipe(raw, np.random.default_rng((0, 0, k)), []) for k, raw in enumerate(raws[:3])]
-    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(3))
+    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(4))
                     for k, s in enumerate(samples)])
     images, targets = restore(flat)
     for train in (True, False):

@@ -26,6 +26,7 @@ EXPORT_FORMATS = ("torchscript", "onnx")
 EVAL_BACKENDS = ("faster", "pycocotools")
 ON_COLLAPSE = ("warn", "stop")
 PARTNERS = ("window", "pool", "dataset")  # where mosaic partners come from (transforms/augment.py)
+COLOUR_MODES = ("matrix", "hsv")  # mosaic's colour jitter (transforms/colour.py)
 
 # The dataset group's keys: the CocoDataModule arguments a config gives (its runtime arguments,
 # the recipe, plan, batch sizes, seed and run dir, come from other groups), and storage_options,
@@ -70,6 +71,10 @@ def _scale(v: Any) -> bool:
 
 def _jitter(v: Any) -> bool:
     return isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(0.01)(s) for s in v) and v[0] <= v[1]
+
+
+def _gains(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(0.0)(g) for g in v) and v[0] <= v[1]
 
 
 def _sides(v: Any) -> bool:
@@ -154,6 +159,10 @@ RULES = (
     _choice("augment.partners", PARTNERS, optional_means="(decided by augment.partner_pool: an integer means pools, null the whole dataset)"),
     Rule("augment.partner_window", _int(2), "an integer >= 2 (positions of the epoch order partners come from)",
          optional=True),
+    _choice("augment.colour", COLOUR_MODES),
+    Rule("augment.hue_deg", _number(0.0, 180.0), "degrees in [0, 180] (the largest hue rotation either way)"),
+    Rule("augment.saturation", _gains, "[low, high] gains with 0 <= low <= high (1: unchanged)"),
+    Rule("augment.value", _gains, "[low, high] gains with 0 <= low <= high (1: unchanged)"),
     Rule("augment.translate", _number(0.0, 1.0), "a fraction of the image side in [0, 1]", optional=True),
     Rule("augment.min_visibility", _number(0.0, 1.0), "a fraction in [0, 1]", optional=True),
     Rule("augment.scale", _scale, "[low, high] with 0.05 <= low <= high", optional=True),

@@ -21,7 +21,7 @@ import torch.utils.data
 from cocodet import schema
 from cocodet.coco.bad_samples import skip_record
 from cocodet.coco.index import CocoIndex
-from cocodet.data.image_reader import AUGMENT, DECODES, CallReads, ImageReader
+from cocodet.data.image_reader import COLOUR, DECODES, GEOMETRY, CallReads, ImageReader
 from cocodet.data.partners import DatasetPartners, PoolPartners, WindowPartners
 from cocodet.errors import BadSampleError
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
@@ -110,7 +110,7 @@ class DetectionDataset(torch.utils.data.Dataset):
 
     def _build(self, key: SampleKey, reads: CallReads, out: np.ndarray | None) -> tuple[dict, list[Source]]:
         rng = np.random.default_rng((self.seed, key.epoch, key.index))
-        timings = np.zeros(4, dtype=np.float64)  # indexed by image_reader's READ, DECODE, AUGMENT, DECODES
+        timings = np.zeros(5, dtype=np.float64)  # indexed by image_reader's READ, DECODE, GEOMETRY, COLOUR, DECODES
         skipped: list[dict] = []
         k, primary = key.index, None
         for _ in range(MAX_REPLACEMENTS):
@@ -128,9 +128,10 @@ class DetectionDataset(torch.utils.data.Dataset):
         partners = self._partners(key, rng, primary, reads, timings, skipped)
         t0 = time.perf_counter()
         made = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
-        timings[AUGMENT] = time.perf_counter() - t0
+        timings[COLOUR] = made.colour_s
+        timings[GEOMETRY] = time.perf_counter() - t0 - made.colour_s
         sample = make_sample(made.image, made.boxes, made.labels, (key.epoch, key.index), int(self.index.image_ids[k]),
-                             to_original(primary.orig_hw, primary.scale, made.scale), stage_seconds=timings[:3],
+                             to_original(primary.orig_hw, primary.scale, made.scale), stage_seconds=timings[:4],
                              pad_share=made.pad_share, decodes=int(timings[DECODES]), skipped=skipped)
         return sample, [primary, *partners]
 

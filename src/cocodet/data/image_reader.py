@@ -22,8 +22,9 @@ from cocodet.coco.index import CocoIndex
 from cocodet.errors import BadSampleError
 from cocodet.images.read import Source, clip_targets, load_resized
 
-# A sample's stage timings: one float64 array, indexed by these (load_resized adds READ and DECODE).
-READ, DECODE, AUGMENT, DECODES = range(4)
+# A sample's stage timings: one float64 array, indexed by these (load_resized adds READ and DECODE;
+# the recipe's time is GEOMETRY and COLOUR, the part its colour step took).
+READ, DECODE, GEOMETRY, COLOUR, DECODES = range(5)
 
 
 class CallReads:

@@ -105,7 +105,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         out = self.recipe((image, np.zeros((0, 4), np.float32), np.zeros(0, np.int64)), None, [])
         return make_sample(out.image, out.boxes, out.labels, (epoch, i), image_id,
                            to_original(orig_hw, scale, out.scale),
-                           stage_seconds=np.array([0.0, decoded - t0, time.perf_counter() - decoded]),
+                           stage_seconds=np.array([0.0, decoded - t0, time.perf_counter() - decoded, 0.0]),
                            pad_share=out.pad_share, skipped=skipped)
 
 

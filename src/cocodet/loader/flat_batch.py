@@ -12,7 +12,7 @@ Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
     box_counts   [B] int64            — boxes of image b are the slice after sum(box_counts[:b])
     sample_keys  [B, 3] int64         — (epoch, index, image_id): the sampler's key and the image it gave
     to_original  [B, 4] float32       — (orig_h, orig_w, scale_y, scale_x): output pixel / scale = stored pixel
-    sample_stats [B, 6] float64       — STATS_COLUMNS: read, decode, augment, collate seconds, the pad
+    sample_stats [B, 7] float64       — STATS_COLUMNS: read, decode, geometry, colour, collate seconds, the pad
                                         share and the images decoded (measurement, design §10; never
                                         reaches the model)
 Plus ``skipped``: plain records of bad samples replaced in this batch (no tensors), ``part``:
@@ -31,7 +31,9 @@ import cv2
 import numpy as np
 import torch
 
-from cocodet.loader.flat_layout import STATS_COLUMNS, round_up
+from cocodet.loader.flat_layout import STAGE_COLUMNS, STATS_COLUMNS, round_up
+
+_PAD, _DECODES, _COLLATE = (STATS_COLUMNS.index(c) for c in ("pad_share", "decodes", "collate_s"))
 
 class FlatBatch(NamedTuple):
     images: torch.Tensor
@@ -110,10 +112,10 @@ def flatten(samples: list[dict]) -> FlatBatch:
     boxes = np.concatenate([np.asarray(s["boxes"], np.float32).reshape(-1, 4) for s in samples])
     labels = np.concatenate([np.asarray(s["labels"], np.int64).reshape(-1) for s in samples])
     stats = np.zeros((b, len(STATS_COLUMNS)), dtype=np.float64)
-    stats[:, :3] = [s["stage_seconds"] for s in samples]
-    stats[:, 4] = [s["pad_share"] for s in samples]
-    stats[:, 5] = [s.get("decodes", 0) for s in samples]
-    stats[:, 3] = (time.perf_counter() - t0) / b
+    stats[:, :len(STAGE_COLUMNS)] = [s["stage_seconds"] for s in samples]
+    stats[:, _PAD] = [s["pad_share"] for s in samples]
+    stats[:, _DECODES] = [s.get("decodes", 0) for s in samples]
+    stats[:, _COLLATE] = (time.perf_counter() - t0) / b
     return FlatBatch(
         images=images,
         image_sizes=_from_numpy(np.array(list(zip(hs, ws)), np.int64).reshape(b, 2), torch.int64),

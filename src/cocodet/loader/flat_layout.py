@@ -8,7 +8,9 @@ from __future__ import annotations
 from cocodet.loader.plan_record import BatchGeometry, RecipeShape
 
 PAD_MULTIPLE = 32  # image height and width are padded to a multiple of this
-STATS_COLUMNS = ("read_s", "decode_s", "augment_s", "collate_s", "pad_share", "decodes")
+# A sample's stage seconds (the recipe's split into geometry and colour), then the pad share and decodes.
+STATS_COLUMNS = ("read_s", "decode_s", "geometry_s", "colour_s", "collate_s", "pad_share", "decodes")
+STAGE_COLUMNS = STATS_COLUMNS[:4]  # what a sample's stage_seconds holds, in this order
 
 
 def round_up(x: int, m: int = PAD_MULTIPLE) -> int:

@@ -175,7 +175,7 @@ class _Bookkeeping:
     def summary(self) -> dict:
         stats = self.stats
         return {"batch_digest": self.digest.hexdigest() if self.digested else None, "digest_batches": self.digested,
-                "stage_ms_per_sample": {c[:-2]: round(1000 * stats[c], 3) for c in STATS_COLUMNS if c.endswith("_s")},
+                "stage_ms_per_sample": stage_ms(stats),
                 "pad_share": round(stats["pad_share"], 4),
                 "batch_pad_share": round(1.0 - self.covered / self.batch_pixels, 4) if self.batch_pixels else None,
                 "decodes_per_sample": round(stats["decodes"], 3),
@@ -183,6 +183,14 @@ class _Bookkeeping:
                 # dataset.verify's exclusions beside the reading skips: seen + both = the split (whole epochs)
                 "excluded_by_verify": self.bad_samples.excluded["train"] if self.bad_samples is not None else 0,
                 "bad_samples": self.bad_samples.summary() if self.bad_samples is not None else None}
+
+
+def stage_ms(stats: dict) -> dict:
+    """Milliseconds per sample of each stage: read, decode, augment (the recipe's whole time,
+    geometry + colour), geometry, colour and collate."""
+    ms = {c[:-2]: round(1000 * stats[c], 3) for c in STATS_COLUMNS if c.endswith("_s")}
+    return {"read": ms["read"], "decode": ms["decode"], "augment": round(ms["geometry"] + ms["colour"], 3),
+            "geometry": ms["geometry"], "colour": ms["colour"], "collate": ms["collate"]}
 
 
 def _epoch_row(epoch: int, m: Measurement, before: int, workers: list) -> dict:

@@ -18,14 +18,16 @@ Raw = tuple[np.ndarray, np.ndarray, np.ndarray]  # rgb image, xyxy boxes, labels
 class Sample(NamedTuple):
     """A recipe's output: HxWx3 uint8 image, [n,4] float32 xyxy boxes, [n] int64 labels,
     ``scale`` (source pixels -> output pixels, used to map predictions back: one factor for
-    letterbox recipes, (y, x) factors for the model's resize; 1.0 for mosaic) and ``pad_share``
-    (fraction of output pixels no source covers)."""
+    letterbox recipes, (y, x) factors for the model's resize; 1.0 for mosaic), ``pad_share``
+    (fraction of output pixels no source covers) and ``colour_s``, the seconds of the recipe's
+    colour step where it times one apart (the rest of its time is geometry)."""
 
     image: np.ndarray
     boxes: np.ndarray
     labels: np.ndarray
     scale: float | tuple[float, float]
     pad_share: float
+    colour_s: float = 0.0
 
 
 def hflip(image: np.ndarray, boxes: np.ndarray, in_place: bool = True) -> tuple[np.ndarray, np.ndarray]:
