@@ -5,7 +5,6 @@ checkpoint.every_n_steps=auto. tests/test_ddp.py runs them together under two to
 from __future__ import annotations
 
 import csv
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -107,8 +106,12 @@ def test_a_fresh_folder_starts_its_own_records(tmp_path):
     assert logger._version is None and logger.version == 0
 
 
-@pytest.mark.parametrize("nodes,restarts,steps", [(1, "0", 0), (2, "0", AUTO_STEPS), (1, "3", AUTO_STEPS)])
-def test_auto_resume_points_where_a_node_can_be_lost(monkeypatch, nodes, restarts, steps):
+@pytest.mark.parametrize("nodes,restarts,steps,why", [
+    (1, "0", 0, "resume.ckpt on SIGTERM only (one node, no restarts); last.ckpt at every epoch end"),
+    (2, "0", AUTO_STEPS, f"resume.ckpt every {AUTO_STEPS} steps (2 nodes: a lost node costs at most that many)"),
+    (1, "3", AUTO_STEPS, f"resume.ckpt every {AUTO_STEPS} steps (torchrun --max-restarts=3: a lost node costs at "
+                         "most that many)"),
+])
+def test_auto_resume_points_where_a_node_can_be_lost(monkeypatch, nodes, restarts, steps, why):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", restarts)
-    assert auto_every_n_steps(nodes)[0] == steps
-    assert json.dumps(auto_every_n_steps(nodes)[1])
+    assert auto_every_n_steps(nodes) == (steps, why)  # the reason is the run's log line

@@ -51,7 +51,7 @@ def test_a_learning_rate_that_diverges_ends_the_run_with_a_diagnosis(tmp_path, s
     assert all(e["terms"] and e["samples"] and len(e["samples"][0]) == 3 for e in health["skipped"])
     assert s["steps"] < 18  # it stopped, well before the 3 epochs' 18 steps
     checkpoints = list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
-    assert all(all_finite(str(c)) for c in checkpoints), checkpoints
+    assert checkpoints and all(all_finite(str(c)) for c in checkpoints), checkpoints
     if s["last_ckpt"]:
         assert all_finite(s["last_ckpt"])
 

@@ -10,13 +10,14 @@ A changed label line is seen. The ground truths are compared by one checkpoint's
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import REPO
-from yolo_layout import coco_as_yolo, write_data_yaml, yolo_as_coco
+from yolo_layout import coco_as_yolo, link_or_copy, write_data_yaml, yolo_as_coco
 
 COMMON = ["dataset.image_size=192", "loader=explicit", "loader.num_workers=0", "loader.batch_size=8",
           "model.detector.fpn_channels=64"]
@@ -70,13 +71,20 @@ def test_yolo_and_its_coco_json_give_the_same_stream(two_layouts, coco_tiny, tmp
     assert sum(len(t["boxes"]) for _, targets in yolo for t in targets) > 400  # mosaic's boxes, not empty samples
     assert differences(yolo, coco) == []
 
-    label = sorted((yolo_root / "labels" / "train2017").iterdir())[3]
+    # On a copy, its images linked: the module's layout stays as the tests after this one expect.
+    copy = tmp_path / "moved_layout"
+    shutil.copytree(yolo_root / "images", copy / "images", copy_function=lambda a, b: link_or_copy(Path(a), Path(b)))
+    shutil.copytree(yolo_root / "labels", copy / "labels")
+    shutil.copy(yolo_root / "data.yaml", copy)
+    label = sorted((copy / "labels" / "train2017").iterdir())[3]
     lines = label.read_text().splitlines()
     c, cx, cy, w, h = lines[0].split()
     lines[0] = f"{c} {float(cx) + 0.01} {cy} {w} {h}"  # one box moved by 1% of the image's width
     label.write_text("\n".join(lines) + "\n")
-    moved = stream(["dataset=yolo", f"dataset.yaml={yolo_root / 'data.yaml'}"], tmp_path / "moved")
+    moved = stream(["dataset=yolo", f"dataset.yaml={copy / 'data.yaml'}"], tmp_path / "moved")
     assert differences(moved, coco), "a changed label line went unseen"
+    assert (yolo_root / "labels" / "train2017" / label.name).read_text() != label.read_text(), \
+        "the module's layout was edited in place"
 
 
 def test_the_yolo_stream_keeps_the_stream_contract(two_layouts, tmp_path):
@@ -115,7 +123,6 @@ def test_a_yolo_layout_in_a_bucket_gives_the_local_stream(two_layouts, tmp_path,
     """The same folder uploaded to a moto_server bucket: dataset.yaml=s3://... reads it with the
     local folder's digest at 0 and 2 workers; a label object replaced in the bucket rebuilds the
     cached index (its ETag is in the key), and the changed box is in the stream."""
-    pytest.importorskip("s3fs")
     from conftest import run_in_process
     from moto_store import filled_store, s3_client
 
