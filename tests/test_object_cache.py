@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -374,9 +375,12 @@ def test_a_bucket_bench_whose_copies_disk_fills_mid_run_reads_every_image(coco_t
     """mode=bench on an s3:// root with the read-ahead's copies on a 4 MiB tmpfs (a private
     mount namespace) that another process fills once the read-ahead has started: the bench
     reads the local root's batches exactly (its batch digest), skips no image, the budget held
-    ends equal to the copies on disk, one warning names the copies' disk, none blames /dev/shm."""
+    ends equal to the copies on disk, one warning per refusal names the copies' disk, none
+    blames /dev/shm."""
     from conftest import run_in_process
     from moto_store import filled_store
+
+    from cocodet.read_ahead.object_cache import DISK_RETRY_S
 
     args = ["mode=bench", "dataset=coco", "dataset.image_size=128", "loader=explicit", "loader.num_workers=2",
             "loader.batch_size=4", "bench.batches=15", "bench.warmup=0", "bench.digest_batches=15",
@@ -388,20 +392,29 @@ def test_a_bucket_bench_whose_copies_disk_fills_mid_run_reads_every_image(coco_t
         bench = [sys.executable, str(REPO / "train.py"), *args, "dataset.root=s3://full-disk",
                  f"dataset.storage_options.endpoint_url={endpoint}", f"dataset.remote.cache_dir={copies}",
                  f"hydra.run.dir={tmp_path / 'run'}"]
-        # The filler waits for the read-ahead's folder, then takes every byte left.
+        # The tmpfs is mounted before the bench starts; the filler waits for the read-ahead's first
+        # copy, then takes every byte left. Its output goes nowhere, so that only the bench holds
+        # the pipes this test reads, and it is ended with the bench whatever it was doing.
         fill = (f"while [ -z \"$(find {copies} -mindepth 2 -type f 2>/dev/null | head -1)\" ]; do sleep 0.05; done; "
-                f"cat /dev/zero > {copies}/filler 2>/dev/null")
-        script = f"mount -t tmpfs -o size=4m tmpfs {copies} && ( {fill} ) & sleep 0.5; {' '.join(bench)}"
+                f"cat /dev/zero > {copies}/filler")
+        script = (f"mount -t tmpfs -o size=4m tmpfs {copies} || exit 1; ( {fill} ) >/dev/null 2>&1 & filler=$!; "
+                  f"{' '.join(bench)}; status=$?; kill $filler 2>/dev/null; exit $status")
         proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], cwd=REPO,
                               capture_output=True, text=True, timeout=600, env=os.environ)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     s = json.loads(proc.stdout.strip().splitlines()[-1])
     assert s["batch_digest"] == local["batch_digest"] and s["examples"] == local["examples"]
-    assert all(v.get("skipped", 0) == 0 for v in s["bad_samples"].values() if isinstance(v, dict)), s["bad_samples"]
+    assert {split: v["skipped"] for split, v in s["bad_samples"].items() if isinstance(v, dict)} == {"train": 0}, \
+        s["bad_samples"]
     read_ahead = s["remote"]["read_ahead"]
     assert read_ahead["held_bytes"] == read_ahead["copies_bytes"] and not read_ahead["copies_writable"], read_ahead
     complaints = [line for line in log.splitlines() if "[WARNING]" in line or "[ERROR]" in line or "error" in line]
-    [disk] = [line for line in complaints if "read-ahead copies: writing" in line]
-    assert "No space left on device" in disk and f"on the disk of {copies}" in disk, disk
+    disk = [line for line in complaints if "read-ahead copies: writing" in line]
+    assert disk and all("No space left on device" in line and f"on the disk of {copies}" in line for line in disk), disk
+    # One warning per refusal: copies stop for DISK_RETRY_S after each, so a bench that outlasts
+    # that may meet the full disk again, and say so again, but never twice within one pause.
+    at = [datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f") for line in disk]
+    gaps = [(b - a).total_seconds() for a, b in zip(at, at[1:])]
+    assert all(gap >= DISK_RETRY_S - 1 for gap in gaps), (gaps, disk)
     assert not [line for line in complaints if "/dev/shm" in line or "shm" in line.lower()], complaints
