@@ -6,7 +6,7 @@ import torch.utils.data
 
 from cocodet.loader.batch_sampler import EpochBatchSampler
 from cocodet.loader.epoch_loader import EpochLoader, ResumableLoader
-from cocodet.loader.flat_batch import flatten
+from cocodet.loader.flat_batch import Collate
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.worker import worker_init_fn
@@ -29,7 +29,7 @@ def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sa
     batch_sampler = EpochBatchSampler(sampler, batch_size, batch_size, across_epochs)
     if start is not None:
         batch_sampler.start_at(*start)
-    kwargs = dict(batch_sampler=batch_sampler, collate_fn=flatten, worker_init_fn=worker_init_fn, plan=plan,
+    kwargs = dict(batch_sampler=batch_sampler, collate_fn=Collate(), worker_init_fn=worker_init_fn, plan=plan,
                   replanner=replanner, stage=stage, across_epochs=across_epochs,
                   **plan.for_stage(stage).dataloader_kwargs())
     if position is not None:

@@ -16,8 +16,10 @@ Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
                                         share and the images decoded (measurement, design §10; never
                                         reaches the model)
 Plus ``skipped``: plain records of bad samples replaced in this batch (no tensors), ``part``:
-(k, n) when this is part k of a batch shipped in n parts (joined by :class:`PartJoiner`), and
-``epoch_end``: the last batch of its epoch (what a loader streaming across epochs stops at).
+(k, n) when this is part k of a batch shipped in n parts (joined by :class:`PartJoiner`),
+``epoch_end``: the last batch of its epoch (what a loader streaming across epochs stops at), and
+``lease``: a worker's claim on the buffer ``images`` was written into (``loader/shm_pool.py``),
+which the worker writes again once the main process has dropped the batch.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from cocodet.loader.flat_layout import STAGE_COLUMNS, STATS_COLUMNS, round_up
+from cocodet.loader.shm_pool import BufferPool
 
 _PAD, _DECODES, _COLLATE = (STATS_COLUMNS.index(c) for c in ("pad_share", "decodes", "collate_s"))
 
@@ -47,6 +50,7 @@ class FlatBatch(NamedTuple):
     skipped: tuple = ()
     part: tuple = ()
     epoch_end: bool = False
+    lease: object = None
 
 
 
@@ -96,18 +100,44 @@ def _from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def flatten(samples: list[dict]) -> FlatBatch:
-    """Collate samples (``cocodet.sample.make_sample``) into a FlatBatch."""
+class Collate:
+    """The loader's collate: :func:`flatten`, writing images into buffers a worker reuses once
+    the main process has dropped their batch (``capacity`` of them per worker: the loader's
+    prefetch factor and the batch the main process holds; 0: a fresh buffer every batch). The loader sets ``capacity`` from its plan
+    before its workers start; each worker holds its own pool (created in the worker)."""
+
+    def __init__(self, capacity: int = 0):
+        self.capacity = capacity
+        self._pool: BufferPool | None = None
+
+    def __call__(self, samples: list[dict]) -> "FlatBatch":
+        if torch.utils.data.get_worker_info() is None:
+            return flatten(samples)  # in-process: nothing crosses a process boundary
+        if self._pool is None or self._pool.capacity != self.capacity:
+            self._pool = BufferPool(self.capacity)
+        return flatten(samples, self._pool)
+
+    def __getstate__(self):  # a pool belongs to the process that made it
+        return {"capacity": self.capacity, "_pool": None}
+
+
+def flatten(samples: list[dict], pool: BufferPool | None = None) -> FlatBatch:
+    """Collate samples (``cocodet.sample.make_sample``) into a FlatBatch; its images written
+    into a buffer of ``pool`` where one is free."""
     t0 = time.perf_counter()
     b = len(samples)
     hs = [s["image"].shape[0] for s in samples]
     ws = [s["image"].shape[1] for s in samples]
-    images = _alloc((b, 3, round_up(max(hs)), round_up(max(ws))), torch.uint8)
+    shape = (b, 3, round_up(max(hs)), round_up(max(ws)))
+    images, lease = pool.take(shape, lambda s: _alloc(s, torch.uint8)) if pool else (_alloc(shape, torch.uint8), None)
     planes = images.numpy()  # shares the (shared-memory) storage
     for k, s in enumerate(samples):
         # HWC -> CHW straight into the batch: cv2.split writes the three planes in place,
         # about 10x faster than a strided torch copy of the permuted image.
         cv2.split(np.ascontiguousarray(s["image"]), [planes[k, c, : hs[k], : ws[k]] for c in range(3)])
+        if lease is not None and (hs[k] < shape[2] or ws[k] < shape[3]):  # a reused buffer's old pixels
+            planes[k, :, hs[k]:] = 0
+            planes[k, :, : hs[k], ws[k]:] = 0
     counts = [len(s["labels"]) for s in samples]
     boxes = np.concatenate([np.asarray(s["boxes"], np.float32).reshape(-1, 4) for s in samples])
     labels = np.concatenate([np.asarray(s["labels"], np.int64).reshape(-1) for s in samples])
@@ -129,6 +159,7 @@ def flatten(samples: list[dict]) -> FlatBatch:
         skipped=tuple(r for s in samples for r in s["skipped"]),
         part=getattr(samples, "part", ()),
         epoch_end=getattr(samples, "epoch_end", False),
+        lease=lease,
     )
 
 
