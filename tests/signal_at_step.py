@@ -320,3 +320,52 @@ class KillNodeOnceAtStep(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.when == "end":
             self._kill(trainer)
+
+
+class SigtermRecord(L.Callback):
+    """Each rank's own record of SIGTERM, one JSON line per event in ``<path>.node<N>`` (N: the
+    test's name for this rank's agent, ``COCODET_TEST_NODE``): every train batch's start and end,
+    and the batch in progress when the signal arrived (a handler wrapped around the run's own;
+    ``ended``: that batch's end hooks had finished). ``hold``: {"node<N>": [hook, batch]}, where
+    that node's rank waits until it has heard SIGTERM (at most ``hold_s``), in the "start" or
+    "end" hook of that train batch, after the run's own hooks of it (their collectives included)."""
+
+    def __init__(self, path: str, hold: dict | None = None, hold_s: float = 300.0):
+        self.path, self.hold_s = path, hold_s
+        self.node = os.environ.get("COCODET_TEST_NODE")
+        self.hold = tuple((hold or {}).get(f"node{self.node}", ())) or None
+        self.batch, self.ended, self.heard = None, False, False
+        self._previous = None
+
+    def _write(self, **row) -> None:
+        import json
+
+        with open(f"{self.path}.node{self.node}", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._write(heard=self.batch, ended=self.ended)
+        self.heard = True
+        if callable(self._previous):
+            self._previous(signum, frame)
+
+    def _hold(self, hook: str, batch_idx: int) -> None:
+        if self.hold == (hook, batch_idx):
+            import time
+
+            self._write(holding=batch_idx, hook=hook)
+            deadline = time.monotonic() + self.hold_s
+            while not self.heard and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self._previous is None:  # every callback's on_train_start has run: the run's own handler is in place
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.batch, self.ended = batch_idx, False
+        self._write(start=batch_idx)
+        self._hold("start", batch_idx)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._hold("end", batch_idx)
+        self.ended = True
+        self._write(end=batch_idx)

@@ -326,25 +326,47 @@ def test_a_lost_agent_replaced_by_a_new_one_resumes_the_run(coco79, two_ranks, t
     assert_one_resumed_run(outs, tmp_path / "outputs" / "torchrun" / "replaced", two_ranks, redone=1)
 
 
+HEARD = {1: 2, 0: 3}  # node: the train batch (of the epoch's 5) in which its rank hears SIGTERM
+
+
+def records(path: Path, node: int) -> list[dict]:
+    file = path.with_name(f"{path.name}.node{node}")
+    return [json.loads(line) for line in file.read_text().splitlines()] if file.is_file() else []
+
+
 @pytest.mark.slow
 def test_sigterm_to_every_node_still_ends_preempted_with_a_resume_point(coco79, tmp_path):
     """Each rank notes the signal; they agree at a batch end (models/preemption.py): Lightning's
-    own handler broadcast from inside the handler, and ranks signalled apart hung."""
-    port = free_port()
-    agents = [start_agent(n, port, "preempted", node_overrides(coco79, "checkpoint.every_n_steps=0"), tmp_path)
-              for n in (0, 1)]
-    ledger, deadline = tmp_path / "outputs" / "torchrun" / "preempted" / "attempts.json", time.monotonic() + 300
-    while time.monotonic() < deadline and not (ledger.is_file() and json.loads(ledger.read_text())[-1]["reached_step"] >= 2):
-        time.sleep(0.2)
-    for agent in reversed(agents):  # a cluster's preemption: every pod, each told at its own moment
-        agent.send_signal(signal.SIGTERM)
-        time.sleep(1.5)  # about 3 steps: the ranks hear it in different batches
+    own handler broadcast from inside the handler, and ranks signalled apart hung. Here they
+    are signalled in different batches for certain, each while it waits for its signal (a test
+    callback): node 1's rank at the end of batch 2, after that batch's collectives; node 0's at
+    the start of batch 3, signalled only once it has reported that later batch. The run stops at
+    the end of batch 3, the first batch end after both heard it, and each rank's own record says
+    in which batch it heard it."""
+    port, record = free_port(), tmp_path / "record"
+    overrides = node_overrides(coco79, "checkpoint.every_n_steps=0",
+                               "+callbacks.record._target_=signal_at_step.SigtermRecord", f"+callbacks.record.path={record}",
+                               f"+callbacks.record.hold={{node1:[end,{HEARD[1]}],node0:[start,{HEARD[0]}]}}")
+    agents = [start_agent(n, port, "preempted", overrides, tmp_path) for n in (0, 1)]
+    deadline = time.monotonic() + 300
+    for node in (1, 0):  # a cluster's preemption: every pod, each told at its own moment
+        while (not any("holding" in r for r in records(record, node)) and time.monotonic() < deadline
+               and all(a.poll() is None for a in agents)):
+            time.sleep(0.05)
+        assert {"holding": HEARD[node], "hook": "end" if node else "start"} in records(record, node), \
+            (records(record, 0), records(record, 1))
+        agents[node].send_signal(signal.SIGTERM)
     outs = [a.communicate(timeout=300)[0] for a in agents]
     summaries = [s for s in map(summary_of, outs) if s is not None]
     assert len(summaries) == 1, outs[0][-3000:] + outs[1][-3000:]
     s = summaries[0]
     assert s["status"] == "preempted", outs[0][-3000:]
-    assert s["last_ckpt"].endswith("checkpoints/resume.ckpt") and 2 <= s["steps"] < 5
+    for node in (0, 1):
+        rows = records(record, node)
+        assert [r for r in rows if "heard" in r] == [{"heard": HEARD[node], "ended": False}], rows
+        # both stopped at the end of batch 3, the first batch end after every rank had heard it
+        assert [r for r in rows if "start" in r or "end" in r][-2:] == [{"start": 3}, {"end": 3}], rows
+    assert s["last_ckpt"].endswith("checkpoints/resume.ckpt") and s["steps"] == 4
     assert s["attempts"] == {"count": 1, "restarts": 0, "steps_redone": 0, "resumed_steps": [0]}
 
 
