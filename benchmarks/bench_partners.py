@@ -6,6 +6,8 @@ alternate within each round; the table gives the median of the rounds.
 
     python -m pip install --target /tmp/ulx --no-deps ultralytics==8.4.190 ultralytics-thop polars
     python benchmarks/bench_partners.py --out /tmp/bench_partners --ultralytics /tmp/ulx
+    git worktree add /tmp/before <commit>   # a row for earlier code, run with its own train.py
+    python benchmarks/bench_partners.py --out /tmp/bench_partners --ultralytics /tmp/ulx --before /tmp/before
 
 Ultralytics is never a dependency of cocodet: it is installed into a folder outside the project
 (``--ultralytics``) and run in its own process with this interpreter (its torch, OpenCV and
@@ -31,6 +33,7 @@ from remote_read_ahead import build_dataset  # noqa: E402  (coco_tiny repeated u
 SETTINGS = {"window partners (the default)": [], "pools of 8": ["augment.partner_pool=8"],
             "whole-dataset partners": ["augment.partners=dataset"]}
 ULTRALYTICS = "Ultralytics 8.4.190"
+BEFORE = "window partners, the code before (its default)"
 
 ULTRALYTICS_RUN = r"""
 import json, sys, time
@@ -76,11 +79,14 @@ def yolo_copy(data: Path, out: Path) -> Path:
     return images
 
 
-def cocodet(data: Path, folder: Path, extra: list[str], warmup: int, batches: int) -> dict:
+def cocodet(data: Path, folder: Path, extra: list[str], warmup: int, batches: int, code: Path = ROOT) -> dict:
+    """One bench of ``code``'s train.py (its own ``src`` first on the path: another checkout's
+    code, not this one's editable install)."""
     cmd = [sys.executable, "train.py", "mode=bench", "dataset=coco", f"dataset.root={data}", "dataset.image_size=640",
            "dataset.cache=none", "loader=explicit", "loader.num_workers=2", "loader.batch_size=32",
            f"bench.warmup={warmup}", f"bench.batches={batches}", "bench.decode_probe=0", f"hydra.run.dir={folder}", *extra]
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(code / "src")}
+    subprocess.run(cmd, cwd=code, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((folder / "summary.json").read_text())
 
 
@@ -102,6 +108,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--before", type=Path, help="a checkout of earlier code: one more row, its default loader")
+    parser.add_argument("--with", dest="overrides", nargs="*", default=[],
+                        help="overrides for every row of this code (e.g. augment.colour=matrix)")
     args = parser.parse_args()
     assert (args.warmup + args.batches) * 32 <= args.files, "every measured batch must lie inside one epoch"
     data = args.out / "data"
@@ -109,10 +118,13 @@ def main() -> None:
     images = yolo_copy(data.resolve(), args.out / "yolo") if args.ultralytics else None
     rates: dict[str, list[float]] = {}
     last: dict[str, dict] = {}
+    rows = {name: (extra + args.overrides, ROOT) for name, extra in SETTINGS.items()}
+    if args.before is not None:
+        rows[BEFORE] = ([], args.before.resolve())
     for r in range(args.rounds):
-        for name, extra in SETTINGS.items():
-            summary = cocodet(data.resolve(), args.out / f"round{r}-{len(rates.get(name, []))}-{name.split()[0]}", extra,
-                              args.warmup, args.batches)
+        for name, (extra, code) in rows.items():
+            summary = cocodet(data.resolve(), args.out / f"round{r}-{name.split()[0]}", extra, args.warmup, args.batches,
+                              code)
             rates.setdefault(name, []).append(summary["examples_per_s"])
             last[name] = summary
             print(f"round {r}: {name}: {summary['examples_per_s']:.1f} examples/s", flush=True)
@@ -127,13 +139,14 @@ def report(rates: dict[str, list[float]], last: dict[str, dict], args) -> str:
     medians = {name: statistics.median(v) for name, v in rates.items()}
     default = medians["window partners (the default)"]
     lines = [f"{args.files} distinct files, mosaic 640 px, batch 32, 2 workers, uncached; {args.rounds} rounds, "
-             f"{args.batches} batches each after {args.warmup} of warm-up", "",
+             f"{args.batches} batches each after {args.warmup} of warm-up"
+             + (f"; this code's rows with {' '.join(args.overrides)}" if args.overrides else ""), "",
              "| loader | examples/s per round | median | window / this | decodes per sample | reads served without a decode "
-             "per sample | ms per sample: read, decode, augment, collate |",
+             "per sample | ms per sample (last round) |",
              "|---|---|---|---|---|---|---|"]
     for name, values in rates.items():
         s = last.get(name)
-        stages = ", ".join(f"{v:.1f}" for v in s["stage_ms_per_sample"].values()) if s else "—"
+        stages = ", ".join(f"{k} {v:.2f}" for k, v in s["stage_ms_per_sample"].items()) if s else "—"
         decodes = f"{s['decodes_per_sample']:.2f}" if s else "—"
         # A mosaic reads 4 images (mosaic_p 1.0); what a decode did not serve came from the window
         # cache or from an image the same batch had decoded already.
