@@ -93,3 +93,19 @@ def test_in_process_loading_takes_no_lease():
     batch = Collate(capacity=2)([Filled(4)[i] for i in range(4)])
     assert batch.lease is None
     check(batch)
+
+
+def test_workers_keep_buffers_only_where_the_shm_budget_has_room_for_them():
+    from test_policy import host, plan
+
+    from cocodet.units import MiB
+
+    roomy = plan(batch_size=16, res=host(usable_cpus=2))  # 8 GiB of shm budget, 2 workers a loader
+    assert roomy.reused_buffers("train") == roomy.prefetch_factor + 1 == 3
+    assert roomy.reused_buffers("val") == roomy.val.prefetch_factor + 1
+    # A 200 MiB /dev/shm (100 MiB budget) at 10 MiB a batch: the plan fills it with transfers
+    # in flight, so a kept set per worker would not fit: a fresh segment each transfer.
+    tight = plan(batch_size=64, res=host(shm_free_bytes=200 * MiB))
+    assert tight.num_workers == 3 and tight.reused_buffers("train") == 0 and tight.reused_buffers("val") == 0
+    in_process = plan(batch_size=16, res=host(usable_cpus=2), policy="explicit", requested=0)
+    assert in_process.reused_buffers("train") == 0

@@ -70,8 +70,8 @@ class EpochLoader(torch.utils.data.DataLoader):
         plan = run_plan.for_stage(self.stage)
         self.plan, self.num_workers = plan, plan.num_workers
         self.prefetch_factor = plan.prefetch_factor if plan.num_workers > 0 else None
-        if hasattr(self.collate_fn, "capacity"):  # as many batch buffers as a worker has in flight, and the one in use
-            self.collate_fn.capacity = self.prefetch_factor + 1 if self.prefetch_factor else 0
+        if hasattr(self.collate_fn, "capacity"):
+            self.collate_fn.capacity = run_plan.reused_buffers(self.stage)
         # Torch applies its timeout only with workers; in-process loading gets the watchdog.
         self.timeout = plan.timeout_s if plan.num_workers > 0 else 0
         sampler = self.batch_sampler

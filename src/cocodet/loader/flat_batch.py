@@ -102,8 +102,8 @@ def _from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 class Collate:
     """The loader's collate: :func:`flatten`, writing images into buffers a worker reuses once
-    the main process has dropped their batch (``capacity`` of them per worker: the loader's
-    prefetch factor and the batch the main process holds; 0: a fresh buffer every batch). The loader sets ``capacity`` from its plan
+    the main process has dropped their batch (``capacity`` of them per worker:
+    ``LoaderPlan.reused_buffers``; 0: a fresh buffer every batch). The loader sets ``capacity`` from its plan
     before its workers start; each worker holds its own pool (created in the worker)."""
 
     def __init__(self, capacity: int = 0):

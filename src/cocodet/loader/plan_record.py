@@ -199,6 +199,22 @@ class LoaderPlan:
         """The plan of the loader named ``stage`` ("val": the validation loader's)."""
         return self.val if stage == "val" and self.val is not None else self
 
+    def reused_buffers(self, stage: str) -> int:
+        """Image buffers each worker of the ``stage`` loader keeps to write again
+        (``loader/shm_pool.py``): its prefetched transfers and the one the main process holds,
+        where the shm budget has room for every worker of both loaders to keep that many;
+        0 (a fresh segment each transfer, freed once taken: what the budget counts) where not."""
+        plan = self.for_stage(stage)
+        if not plan.num_workers or not plan.prefetch_factor:
+            return 0
+        kept = 0
+        for loader in (self, self.val or self):
+            if loader.num_workers and loader.prefetch_factor:
+                ship = loader.inflight_bytes // (loader.num_workers * loader.prefetch_factor)
+                kept += loader.num_workers * (loader.prefetch_factor + 1) * ship
+        fits = self.shm_budget_bytes is None or kept <= self.shm_budget_bytes
+        return plan.prefetch_factor + 1 if fits else 0
+
     def dataloader_kwargs(self) -> dict:
         """Arguments for torch's DataLoader; none that PyTorch rejects at num_workers=0.
 

@@ -2,9 +2,9 @@
 
 A fresh shared-memory segment costs a page fault and a zeroed page per 4 KiB the first time it
 is written: for a batch of 32 at 640 px (39 MiB) that was about 0.6 ms per image, 30x the copy
-of its pixels. So each worker keeps up to ``capacity`` image buffers (the batches it may have in
-flight, its prefetch factor, and the one the main process holds: what a worker's batches took
-at their peak before) and writes a buffer again once the main process no longer maps it.
+of its pixels. So each worker keeps up to ``capacity`` image buffers (its prefetched batches and the one
+the main process holds, where the shm budget has room for every worker to keep that many:
+``LoaderPlan.reused_buffers``) and writes a buffer again once the main process no longer maps it.
 
 How a buffer is known to be free. Each worker owns a ``board``: one shared uint8 per buffer,
 Each worker owns a ``board`` of shared bytes; a shipped batch holds one entry of it,
