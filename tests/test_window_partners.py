@@ -5,9 +5,11 @@ pixels; a slot is never read torn, and a claim is decided by a live process's lo
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import signal
+import threading
 import time
 
 import numpy as np
@@ -124,15 +126,22 @@ def test_a_live_claim_is_held_however_long_it_takes():
     go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        cache.claims.try_claim(3)
-        os.write(ready_w, b"x")
-        os.read(go_r, 1)  # a slow writer: holds its claim until told
-        os._exit(0)
-    os.read(ready_r, 1)
-    assert not cache.put(3, 1, image_of(1), (64, 64), 1.0)  # the other process is writing this slot
-    assert cache.put(2, 1, image_of(1), (64, 64), 1.0)  # other slots are free
-    os.write(go_w, b"x")
-    os.waitpid(pid, 0)
+        try:
+            with cache.publishing(3, 99):  # a slow writer of image 99: holds its claim until told
+                os.write(ready_w, b"x")
+                os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x"
+    try:
+        t0 = time.monotonic()
+        assert not cache.put(3, 1, image_of(1), (64, 64), 1.0)  # the other process is writing this slot
+        assert time.monotonic() - t0 < 1.0  # with another image: not waited for
+        assert cache.put(2, 1, image_of(1), (64, 64), 1.0)  # other slots are free
+    finally:
+        os.write(go_w, b"x")
+        os.waitpid(pid, 0)
     assert cache.put(3, 1, image_of(1), (64, 64), 1.0)
     cache.close()
 
@@ -223,3 +232,156 @@ def test_a_sample_built_from_a_slot_rewritten_meanwhile_is_built_again(coco_tiny
     assert len(calls) == 2  # built, found stale, built again
     assert np.array_equal(got[0]["image"], expected[20]["image"])
     assert np.array_equal(got[0]["boxes"], expected[20]["boxes"])
+
+
+def window_dataset(train, cache, seed=5, window=8):
+    from cocodet.data.dataset import DetectionDataset
+    from cocodet.loader.rank_share import RankOrder
+
+    d = DetectionDataset(train, Mosaic(image_size=96, partners="window", partner_window=window), seed=seed)
+    d.use_window(RankOrder(len(train), seed), cache)
+    return d
+
+
+def a_sample_and_its_partner(train, seed=5, window=8, epoch=1):
+    """(the keys of ``epoch``, p, q): the sample at position p draws the image at position q < p
+    as a partner, and the sample at q does not draw p's image."""
+    from cocodet.loader.epoch_sampler import EpochSampler
+
+    keys = list(EpochSampler(len(train), seed, True, window=window).epoch_keys(epoch))
+    uncached = window_dataset(train, None, seed, window)  # every partner planned: none is a cache read
+    for p in range(window + 1, len(keys)):
+        reads = uncached.planned_reads(keys[p])
+        for q in range(p - window, p):
+            if keys[q].index in reads[1:] and keys[p].index not in uncached.planned_reads(keys[q]):
+                return keys, p, q
+    raise AssertionError("no sample draws a partner in this epoch")
+
+
+def test_a_partner_another_worker_is_decoding_is_waited_for_not_decoded_again(coco_tiny, tmp_path, monkeypatch):
+    """Two DataLoader workers: worker 0 builds the sample at position q, whose image takes a
+    second to decode; worker 1 builds the sample at p, which draws that image as a partner
+    while worker 0 still decodes it. Worker 1 waits for worker 0's pixels: every image is
+    decoded once, and the samples are those of a build without the cache (before: the image
+    was decoded by both)."""
+    import torch.utils.data
+
+    from cocodet.coco.splits import load_splits
+    from cocodet.data import image_reader
+
+    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    keys, p, q = a_sample_and_its_partner(train)
+    slow = keys[q].index
+    expected = window_dataset(train, None).__getitems__([keys[q], keys[p]])
+    log, real = tmp_path / "decodes", image_reader.load_resized
+
+    def logged(index, k, *args, **kwargs):  # in the workers (forked after the patch)
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {k}\n")
+        if k == slow:
+            time.sleep(1.0)  # below the wait's bound (WAIT_S)
+        return real(index, k, *args, **kwargs)
+
+    monkeypatch.setattr(image_reader, "load_resized", logged)
+    cache = WindowCache(32, 96)  # waits up to WAIT_S (2 s)
+    loader = torch.utils.data.DataLoader(window_dataset(train, cache), batch_sampler=[[keys[q]], [keys[p]]],
+                                         num_workers=2, collate_fn=lambda samples: samples,
+                                         multiprocessing_context="fork")
+    got = [sample for batch in loader for sample in batch]  # batch i goes to worker i
+    decodes = [line.split() for line in log.read_text().splitlines()]
+    per_image = collections.Counter(int(k) for _, k in decodes)
+    assert per_image[slow] == 1 and set(per_image.values()) == {1}, per_image
+    assert len({pid for pid, _ in decodes}) == 2  # both workers decoded something of their own
+    assert sum(s["decodes"] for s in got) == len(per_image)
+    for mine, theirs in zip(got, expected):
+        assert np.array_equal(mine["image"], theirs["image"]) and np.array_equal(mine["boxes"], theirs["boxes"])
+    cache.close()
+
+
+def hold_a_slot(cache, position: int, index: int):
+    """Fork a writer that claims the slot of ``position`` for image ``index`` and stops there,
+    mid-decode, until killed; its pid once it holds the claim."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with cache.publishing(position, index):
+                os.write(ready_w, b"x")
+                time.sleep(120)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x", "the writer died before it held its claim"
+    os.close(ready_r)
+    return pid
+
+
+def read_timed(dataset, key) -> tuple[float, int, object]:
+    """(seconds, decodes, the source) of the reader's read of ``key``'s own image at its position."""
+    from cocodet.data.image_reader import DECODES, CallReads
+
+    timings = np.zeros(DECODES + 1)
+    t0 = time.monotonic()
+    source = dataset.reader.read(key.index, key.position, CallReads(), timings)
+    return time.monotonic() - t0, int(timings[DECODES]), source
+
+
+def test_a_writer_killed_mid_decode_releases_its_claim_and_the_waiter_decodes_itself(coco_tiny):
+    """A writer holds a slot for the image a reader wants, then is SIGKILLed half a second
+    later: the reader waits until then, not for the bound, then claims the slot, decodes the
+    image itself and publishes it (before: it decoded at once, beside the live writer, and
+    published nothing)."""
+    from cocodet.coco.splits import load_splits
+
+    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    keys, p, _ = a_sample_and_its_partner(train)
+    cache = WindowCache(32, 96)  # waits up to WAIT_S (2 s)
+    dataset = window_dataset(train, cache)
+    pid = hold_a_slot(cache, p, keys[p].index)
+    killer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    try:
+        waited, decodes, source = read_timed(dataset, keys[p])
+    finally:
+        killer.cancel()
+        os.kill(pid, signal.SIGKILL)  # a zombie by now, unless the read failed first
+        os.waitpid(pid, 0)
+    assert 0.4 < waited < 1.5, waited  # until the writer died (the kernel released its claim), not the 2 s bound
+    published = cache.get(p, keys[p].index, copy=True)
+    _, _, expected = read_timed(window_dataset(train, None), keys[p])
+    assert decodes == 1 and published is not None and np.array_equal(published[0], expected.image)
+    assert np.array_equal(source.image, expected.image)
+    assert cache.waits == 1 and cache.waits_timed_out == 0
+    cache.close()
+
+
+def test_a_stuck_writer_is_waited_for_at_most_the_bound_and_another_images_not_at_all(coco_tiny):
+    """A live writer that never finishes the image a reader wants holds it up for ``wait_s``,
+    then the reader decodes that image itself, publishing nothing (the slot is still claimed);
+    a writer of another image in the slot is not waited for."""
+    from cocodet.coco.splits import load_splits
+
+    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
+                           "annotations/instances_val2017.json")
+    keys, p, q = a_sample_and_its_partner(train)
+    cache = WindowCache(32, 96)
+    cache.wait_s = 0.5
+    dataset = window_dataset(train, cache)
+    pid = hold_a_slot(cache, p, keys[p].index)
+    try:
+        waited, decodes, _ = read_timed(dataset, keys[p])
+        assert 0.5 <= waited < 1.5 and decodes == 1, (waited, decodes)
+        assert cache.get(p, keys[p].index) is None and cache.waits_timed_out == 1
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    pid = hold_a_slot(cache, q, keys[p].index)  # q's slot, being written with another image than q's
+    try:
+        waited, decodes, _ = read_timed(dataset, keys[q])
+        assert waited < 0.4 and decodes == 1 and cache.waits == 1, (waited, decodes)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    cache.close()

@@ -3,9 +3,11 @@
 :meth:`ImageReader.read` gives image k at the working resolution with its clipped targets, from
 the first place that has it: this call's own reads (an image drawn twice by one batch is read
 once), the window cache (window partners, ``data/window_cache.py``), the pixel cache, or a
-decode. It owns the window cache's read protocol: a view into a slot is checked after the
-sample is built (:meth:`rewritten`), and the images of slots rewritten meanwhile are forgotten
-so that the sample is built again (by copy on its last try).
+decode. It owns the window cache's read protocol: a miss claims the slot and decodes into it,
+or waits for the process already decoding that image there and reads its pixels (one decode
+per image, whichever worker gets there first); a view into a slot is checked after the sample
+is built (:meth:`rewritten`), and the images of slots rewritten meanwhile are forgotten so that
+the sample is built again (by copy on its last try).
 
 Per-call state lives in a :class:`CallReads` that the dataset passes along; what stays on the
 reader is what this process knows for good: the images found bad (each worker has its own
@@ -85,25 +87,33 @@ class ImageReader:
         cache = self.window_cache
         t0 = time.perf_counter()
         found = cache.get(position, k, copy=reads.by_copy)
-        if found is not None:
-            image, orig_hw, scale, token = found
-            if not reads.by_copy:  # a view: checked once the sample is built (rewritten)
-                reads.views[id(image)] = (k, token)
-            boxes, labels = clip_targets(self.index, k, *orig_hw, self.recipe.min_box_side)
-            timings[READ] += time.perf_counter() - t0
-            return Source(image, boxes * np.float32(scale), labels, orig_hw, scale)
-        with cache.publishing(position, k) as slot:  # the resize writes into the slot
-            source = self._decode(k, timings, slot.pixels if slot is not None else None)
-            published = slot.done(source.image, source.orig_hw, source.scale) if slot is not None else None
-        if published is None:
+        if found is None:
+            # Claim the slot, or wait for another process that is writing k there (a partner
+            # its own sample is decoding right now): then read what it wrote.
+            with cache.publishing(position, k) as slot:
+                if slot is not None:  # ours: the resize writes into the slot
+                    return self._decode_into(slot, k, reads, timings)
+                found = cache.get(position, k, copy=reads.by_copy)
+            if found is None:  # the slot is another image's, or its writer was stuck: decode here alone
+                return self._decode(k, timings)
+        image, orig_hw, scale, token = found
+        if not reads.by_copy:  # a view: checked once the sample is built (rewritten)
+            reads.views[id(image)] = (k, token)
+        boxes, labels = clip_targets(self.index, k, *orig_hw, self.recipe.min_box_side)
+        timings[READ] += time.perf_counter() - t0
+        return Source(image, boxes * np.float32(scale), labels, orig_hw, scale)
+
+    def _decode_into(self, slot, k: int, reads: CallReads, timings: np.ndarray) -> Source:
+        """Decode image k into the claimed window-cache ``slot`` (a ``Publishing``) and publish
+        it; called while the claim is held, so nothing rewrites the slot before this returns."""
+        source = self._decode(k, timings, slot.pixels)
+        published = slot.done(source.image, source.orig_hw, source.scale)
+        if published is None:  # larger than a slot: kept in this process only
             return source
         view, token = published  # read, like any hit, as a checked read-only view (or a copy)
         if reads.by_copy:
-            view = view.copy()
-        if not cache.intact(token):  # rewritten at once by another process: decode again
-            return self._decode(k, timings)
-        if not reads.by_copy:
-            reads.views[id(view)] = (k, token)
+            return source._replace(image=view.copy())
+        reads.views[id(view)] = (k, token)
         return source._replace(image=view)
 
     def _decode(self, k: int, timings: np.ndarray, dst_for=None) -> Source:

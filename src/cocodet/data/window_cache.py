@@ -20,6 +20,12 @@ a window of W positions maps to W distinct slots while slots >= W + the position
   between its read and its check, has a miss. A slot is never read torn.
 - A miss decodes and publishes; a hit returns exactly the pixels a decode would. The cache
   changes the speed, never the stream.
+- A writer names the image it writes in the slot's header when it claims the slot. A reader
+  that wants that image waits for the writer instead of decoding it too (a partner that
+  another worker's sample is decoding right now): at most ``wait_s`` (:data:`WAIT_S`), polling
+  the claim, which a writer killed mid-write loses at once, so the reader then claims the
+  slot and decodes itself. A reader waits holding no claim (it claims one slot at a time and
+  releases it before its next read), so no two processes wait on each other.
 
 Workers reach the file through fork (the descriptor and the map are inherited). A process that
 gets the dataset by pickling (spawn) has no cache: every read decodes, with the same pixels.
@@ -31,6 +37,7 @@ import contextlib
 import mmap
 import os
 import tempfile
+import time
 
 import numpy as np
 
@@ -38,6 +45,11 @@ from cocodet.loader.window_plan import SLOT_HEADER as HEADER, slot_pixels
 from cocodet.storage.claims import SlotClaims
 
 PAGE = mmap.PAGESIZE
+# How long a reader waits for another live process writing the image it wants into the slot,
+# before it decodes that image itself: far above one decode (milliseconds at COCO sizes), so
+# it only ends the wait for a writer that is stuck, never for one that is slow.
+WAIT_S = 2.0
+POLL_S = (0.0001, 0.001)  # the first and the longest pause between two looks at a held claim
 
 
 def cache_bytes(slots: int, side: int) -> int:
@@ -52,8 +64,8 @@ class WindowCache:
     """``slots`` images of at most ``side`` x ``side`` (the working size); :meth:`get` and
     :meth:`put` by (position, dataset index)."""
 
-    def __init__(self, slots: int, side: int):
-        self.slots, self.side = slots, side
+    def __init__(self, slots: int, side: int, wait_s: float = WAIT_S):
+        self.slots, self.side, self.wait_s = slots, side, wait_s
         if hasattr(os, "memfd_create"):
             self.fd = os.memfd_create("cocodet-window-cache")
         else:  # no memfd (not Linux): an unlinked temporary file, its pages in the page cache
@@ -69,6 +81,7 @@ class WindowCache:
         self._write_headers = np.frombuffer(self._writable, HEADER, count=self.slots)
         self.claims = SlotClaims(self.fd)
         self.hits = self.misses = 0  # this process's reads
+        self.waits = self.waits_timed_out = 0  # this process's waits for another's writer, and those it gave up
 
     def __getstate__(self):  # spawn: the descriptor does not travel; that process decodes every read
         return {"slots": self.slots, "side": self.side}
@@ -76,7 +89,8 @@ class WindowCache:
     def __setstate__(self, state):
         self.slots, self.side, self.fd, self.map, self.headers = state["slots"], state["side"], None, None, None
         self._writable = self._write_headers = None
-        self.hits = self.misses = 0
+        self.wait_s = WAIT_S
+        self.hits = self.misses = self.waits = self.waits_timed_out = 0
 
     def get(self, position: int, index: int, copy: bool = False) -> tuple[np.ndarray, tuple[int, int], float, tuple] | None:
         """(the pixels, stored (h, w), scale stored -> working, a token for :meth:`intact`) of
@@ -114,24 +128,69 @@ class WindowCache:
 
     @contextlib.contextmanager
     def publishing(self, position: int, index: int):
-        """Claim the slot of ``position`` for image ``index`` and mark it being written; yields a
-        :class:`Publishing` (None: another live process holds the slot, or no cache here). The
-        claim is released on leaving, whatever happens; a slot left unfinished stays a miss."""
+        """Claim the slot of ``position`` for image ``index`` and mark it being written, naming
+        ``index`` there; yields a :class:`Publishing`, or None: the slot holds ``index`` whole now
+        (another process published it, or was writing it and was waited for: :meth:`get` reads
+        it), another live process holds the slot for another image or kept writing this one for
+        ``wait_s``, or no cache here. The claim is released on leaving, whatever happens; a slot
+        left unfinished stays a miss. The caller holds no other claim of this cache (see
+        :meth:`_claim`)."""
         slot = position % self.slots
-        if self.map is None or not self.claims.try_claim(slot):
+        if self.map is None or not self._claim(slot, index):
             yield None
             return
         try:
-            gen = int(self.headers[slot]["gen"])
-            writing = gen + 1 if gen % 2 == 0 else gen  # odd: a writer died here; the slot is ours now
-            self._write_headers["gen"][slot] = writing
-            yield Publishing(self, slot, index, writing)
+            if self._holds(slot, index):  # published since the caller's miss: nothing to write
+                yield None
+            else:
+                gen = int(self.headers[slot]["gen"])
+                writing = gen + 1 if gen % 2 == 0 else gen  # odd: a writer died here; the slot is ours now
+                headers = self._write_headers
+                headers["gen"][slot] = writing
+                # What is being written, for a reader that wants it (_claim); readers never take it
+                # for the slot's content while the generation is odd.
+                headers["index"][slot], headers["size"][slot] = index, self.side
+                yield Publishing(self, slot, index, writing)
         finally:
             self.claims.release(slot)
 
+    def _claim(self, slot: int, index: int) -> bool:
+        """Claim ``slot``; while another live process holds it writing image ``index`` (the
+        header names it and the generation is odd), wait for that writer, at most ``wait_s``:
+        its pixels are those a decode here would give, so waiting saves a decode (and, from a
+        bucket, a GET). False, at once, when the holder writes another image, or after
+        ``wait_s``. A writer killed mid-write loses the claim at once: the wait ends then with
+        the claim ours and the slot unfinished. No deadlock: a process waits here holding no
+        claim of this cache, and a holder waits on none while it writes."""
+        if self.claims.try_claim(slot):
+            return True
+        deadline, pause = None, POLL_S[0]
+        while True:
+            header = self.headers[slot]
+            if int(header["gen"]) & 1 and (int(header["index"]) != index or int(header["size"]) != self.side):
+                return False  # another image being written: nothing to wait for
+            # Otherwise a writer of this image, or one between its claim and its mark or between
+            # its last write and its release (microseconds): wait.
+            if deadline is None:
+                self.waits += 1
+                deadline = time.monotonic() + self.wait_s
+            elif time.monotonic() >= deadline:
+                self.waits_timed_out += 1
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_S[1])
+            if self.claims.try_claim(slot):
+                return True
+
+    def _holds(self, slot: int, index: int) -> bool:
+        header = self.headers[slot]
+        gen = int(header["gen"])
+        return gen != 0 and not gen & 1 and int(header["index"]) == index and int(header["size"]) == self.side
+
     def put(self, position: int, index: int, image: np.ndarray, orig_hw: tuple[int, int], scale: float) -> bool:
         """Publish a copy of image ``index`` read at ``position``; False (nothing written) when
-        another live process is writing that slot or the image does not fit a slot."""
+        the slot holds it already, another live process is writing that slot (for ``wait_s`` at
+        most when it writes this image), or the image does not fit a slot."""
         with self.publishing(position, index) as slot:
             return slot is not None and slot.done(image, orig_hw, scale) is not None
 
