@@ -15,6 +15,15 @@ budget:
   fetching it here could come after their read, a second GET for one read. And it fetches no
   further than ``ahead`` samples beyond the lead: a copy fetched earlier would only hold
   budget that a sooner read needs.
+- It checks again when it makes the GET. A plan may be stale by the time a GET thread holds
+  the object's claim: meanwhile the model consumed batches, the workers were handed the read,
+  and a worker that read it first made its own GET without keeping a copy (the budget was
+  full: this fetch's reservation fills it). At a tight budget that is common: each fetch waits
+  for room until the model consumes, so its read sits at the lead's edge, and on two busy
+  cores the GET threads start late. So each pass reads the objects' reader-GET counts
+  (``ObjectCache.reader_gets``) before it plans, and a fetch whose object's count has moved
+  by the time it holds the claim makes no GET (``ObjectCache.fetch``'s ``seen``); from the
+  claim on, a worker that reads the object waits for this copy.
 - A copy it fetches is kept until the read it was fetched for has been consumed (*pinned*), so
   it never evicts a copy before its use.
 - To make room for an object whose next read is at position r, it evicts unpinned copies whose
@@ -79,6 +88,9 @@ class ReadAhead:
         self.peak_bytes = 0
         self.working_set = (0, 0)  # (objects, bytes): read_ahead/working_set.py, set by start_read_ahead
         self.failed: dict[int, str] = {}  # dataset index -> why its fetch failed (not fetched again)
+        # [N] each dataset index's place in the cache's reader-GET counts (-1: not listed)
+        self.numbers = np.array([cache.number(p) if p in cache.objects else -1 for p in self.paths], dtype=np.int64)
+        self.dropped = 0  # fetches that made no GET: a worker had read the object itself since they were planned
         self._changed = threading.Condition()
         self._to_plan: list[int] = []  # epochs to expand with plan_epoch, by the thread
         self._stop = False
@@ -152,6 +164,7 @@ class ReadAhead:
                         self.epochs.append(planned)
                         self._to_plan.remove(epoch)
                         self._drop_finished_epochs()
+                seen = self.cache.reader_gets()  # before the snapshot: a worker GET for a read it plans comes after
                 with self._changed:
                     if self._stop:
                         return
@@ -167,7 +180,7 @@ class ReadAhead:
                         self.inflight.add(k)
                         self._hold(k, read_at)
                     try:
-                        pool.submit(self._fetch, k)
+                        pool.submit(self._fetch, k, int(seen[self.numbers[k]]))
                     except RuntimeError:  # the interpreter is shutting down under a daemon thread
                         return
                 with self._changed:
@@ -217,13 +230,16 @@ class ReadAhead:
             self.cache.evict(self.paths[k])
             self.held_mask[k] = False
 
-    def _fetch(self, k: int) -> None:
+    def _fetch(self, k: int, seen: int) -> None:
+        """Fetch object k, unless a worker has made a GET of it since its count was ``seen``."""
         url = self.paths[k]
         try:
-            self.cache.fetch(url, reserved=True)
-            if not self.cache.held(url):  # the disk refused the copy (its reservation was given back)
-                with self._changed:
+            data = self.cache.fetch(url, reserved=True, seen=seen)
+            if data is None or not self.cache.held(url):  # dropped, or the disk refused the copy: nothing kept
+                with self._changed:                         # (the reservation was given back)
                     self.held_mask[k] = False
+                    self.pinned_until[k] = -1
+                    self.dropped += data is None
         except BaseException as e:  # noqa: BLE001 - the workers meet the same failure and end the run with it
             log.warning("read-ahead: %s not fetched (%s); not fetched again by the read-ahead, workers read it "
                         "directly", url, e)
@@ -268,7 +284,7 @@ class ReadAhead:
             copies = None
         return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_bytes, "held_bytes": self.cache.held_bytes(),
                 "copies_bytes": copies, "copies_writable": self.cache.writable(), "concurrency": self.concurrency,
-                "lead_samples": self.lead, "failed_objects": len(self.failed),
+                "lead_samples": self.lead, "failed_objects": len(self.failed), "dropped_fetches": self.dropped,
                 "working_set_objects": self.working_set[0], "working_set_bytes": self.working_set[1]}
 
 

@@ -12,7 +12,10 @@ however many workers and the read-ahead thread want it.
 
 The budget is one counter in shared memory, which the rank's workers inherit: a copy is
 published only after its bytes were reserved there, so the folder never holds more than the
-budget, even when a worker runs ahead of the read-ahead (its copy is then not kept). The
+budget, even when a worker runs ahead of the read-ahead (its copy is then not kept). Beside it,
+each object's count of GETs made by readers (the workers' misses), also inherited: a read-ahead
+fetch that finds the count moved since it planned the fetch makes no GET (see
+:meth:`ObjectCache.fetch`'s ``seen``). The
 read-ahead thread (``read_ahead/fetcher.py:ReadAhead``) alone evicts. Ranks on one host share ``cache_dir``, each in
 a folder of its own (``local-rank-N``) with its share of ``cache_bytes``: no rank evicts what
 another counts.
@@ -27,6 +30,8 @@ import re
 import shutil
 import time
 from pathlib import Path
+
+import numpy as np
 
 from cocodet.storage import store as storage
 from cocodet.storage.claims import SharedLock, claim_file
@@ -58,6 +63,10 @@ class ObjectCache:
         # this process and its workers: one double, written whole (a race sets a near time).
         self._refused_until = multiprocessing.Value("d", 0.0, lock=False)
         self._etags_are_md5 = True  # until an object shows otherwise (SSE-KMS, SSE-C): then sizes only
+        # [len(objects)] GETs each object had from readers (not the read-ahead), in the order of
+        # ``objects``. One writer at a time per object: a reader counts while it holds the claim.
+        self._number = {url: i for i, url in enumerate(objects)}
+        self._reader_gets = np.frombuffer(multiprocessing.Array("q", max(1, len(objects)), lock=False), np.int64)
         for stale in self.folder.glob("*.part"):  # a dead claimer's leftovers; a live one's claim is kept
             fd = claim_file(stale)
             if fd is not None:
@@ -98,14 +107,35 @@ class ObjectCache:
         storage.count("cache_hits")
         return data
 
-    def fetch(self, url: str, miss: bool = False, reserved: bool = False) -> bytes:
+    def reader_gets(self) -> np.ndarray:
+        """[len(objects)] the GETs each object has had from readers so far (a copy), in the order
+        of ``objects``: what a read-ahead fetch passes back as ``seen``."""
+        return self._reader_gets.copy()
+
+    def number(self, url: str) -> int:
+        """The object's place in ``objects`` (its entry in :meth:`reader_gets`)."""
+        return self._number[url]
+
+    def fetch(self, url: str, miss: bool = False, reserved: bool = False, seen: int | None = None) -> bytes | None:
         """Fetch the object unless another live process or thread holds its claim (then wait
         for its copy, for as long as the holder lives and the store answers), and publish it if
         its bytes were ``reserved`` (the read-ahead thread) or fit now (a worker's miss); its bytes.
-        A reservation not needed (the copy was there already) is given back."""
+        A reservation not needed (the copy was there already) is given back.
+
+        ``seen`` (the read-ahead's fetches): the object's :meth:`reader_gets` count read before
+        the fetch was planned. Once the claim is held and no copy is there, a higher count means
+        a reader has made its own GET since, without keeping a copy (the budget, which this
+        fetch's reservation fills, had no room): that GET may have served the very read this
+        fetch was planned for, so this one would be a second GET for one read. Then nothing is
+        fetched, the reservation is given back and None returned. From the claim on, a reader
+        of the object waits for this copy instead. While the disk refuses copies such a fetch
+        returns None at once too: a GET whose bytes cannot be kept serves no read."""
         part = self._part(url)
         while True:
             if not self.writable():
+                if seen is not None:
+                    self._give_back(url, reserved)
+                    return None
                 return self._direct(url, miss, reserved)
             try:
                 fd = claim_file(part)
@@ -113,7 +143,7 @@ class ObjectCache:
                 self._disk_refused(part, e)
                 continue
             if fd is not None:
-                return self._fetch_into(url, part, fd, miss, reserved)
+                return self._fetch_into(url, part, fd, miss, reserved, seen)
             data = self._found(url, reserved)  # published while we looked
             if data is not None:
                 return data
@@ -127,17 +157,30 @@ class ObjectCache:
             self.release(len(data))
         return data
 
+    def _give_back(self, url: str, reserved: bool) -> None:
+        """No fetch after all: the reservation made for the object, if any, is given back."""
+        if reserved:
+            self.release(int(self.objects[url]["size"]))
+
     def _part(self, url: str) -> Path:
         path = self.path(url)
         return path.with_name(path.name + ".part")
 
-    def _fetch_into(self, url: str, part: Path, fd: int, miss: bool, reserved: bool) -> bytes:
-        """Holding the claim ``fd`` on ``part``: fetch, check, and publish by renaming ``part``."""
+    def _fetch_into(self, url: str, part: Path, fd: int, miss: bool, reserved: bool,
+                    seen: int | None = None) -> bytes | None:
+        """Holding the claim ``fd`` on ``part``: fetch, check, and publish by renaming ``part``
+        (None: a reader's GET since ``seen``, see :meth:`fetch`)."""
         try:
             data = self._found(url, reserved)
             if data is not None:  # published between our look and our claim
                 self._unlink(part)
                 return data
+            if seen is not None and self._reader_gets[self._number[url]] != seen:
+                self._unlink(part)
+                self._give_back(url, reserved)
+                return None
+            if seen is None:  # a reader's GET (counted under the claim: one writer per object)
+                self._reader_gets[self._number[url]] += 1
             data = storage.get_object(url)
             self._check(url, data)
             if reserved or self.reserve(len(data)):
@@ -176,6 +219,7 @@ class ObjectCache:
         data = self._found(url, reserved)
         if data is not None:
             return data
+        self._reader_gets[self._number[url]] += 1  # no claim here: two readers may race; a count that moved is all it tells
         data = storage.get_object(url)
         self._check(url, data)
         if reserved:
