@@ -27,7 +27,7 @@ import numpy as np
 from cocodet.bench.harness import measure
 from cocodet.bench.padding import pad_share, sample_sizes
 from cocodet.bench.torchvision_way import ReferenceGroupedBatchSampler, torchvision_multiscale_loader
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 from cocodet.loader.grouped_sampler import aspect_groups, aspect_ratios, grouped_batches
 from cocodet.timing.measurement import Measurement
 

@@ -23,7 +23,7 @@ from cocodet.bench.common_way import common_way_loader
 from cocodet.bench.harness import measure
 from cocodet.timing.measurement import Measurement
 from cocodet.transforms.augment import Mosaic
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 
 from cocodet.transforms.augment import PAD_VALUE, Mosaic
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 from cocodet.images.read import load_raw
 
 

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 START = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from cocodet.coco.splits import load_splits
-train, val = load_splits(None, None, None, None, None, keep_empty=True, on_bad_sample="raise", cache_dir=sys.argv[2],
-                         layout="yolo", yaml=sys.argv[1])
+from cocodet.datasets.splits import SplitLoader
+splits = SplitLoader("yolo", keep_empty=True, on_bad_sample="raise", cache_dir=sys.argv[2], yaml=sys.argv[1]).load()
+train, val = splits.train, splits.val
 seconds = time.perf_counter() - t0
 print(json.dumps({"seconds": round(seconds, 2), "train": len(train), "val": len(val), "boxes": int(len(train.boxes)),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
@@ -78,7 +78,7 @@ def main() -> None:
     data_yaml = write_layout(args.coco.resolve(), args.out.resolve(), args.images)
     cache = args.out.resolve() / "cache"
     first, second = start(data_yaml, cache), start(data_yaml, cache)
-    print(f"| start | seconds | train images | val images | train boxes | peak RSS (MB) |\n|---|---|---|---|---|---|")
+    print("| start | seconds | train images | val images | train boxes | peak RSS (MB) |\n|---|---|---|---|---|---|")
     for name, s in (("first (builds the cache)", first), ("second (cached)", second)):
         print(f"| {name} | {s['seconds']} | {s['train']} | {s['val']} | {s['boxes']} | {s['peak_rss_mb']} |")
 

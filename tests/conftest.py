@@ -54,7 +54,7 @@ def coco_tiny() -> Path:
 
 @pytest.fixture(scope="session")
 def synthetic_root(tmp_path_factory) -> Path:
-    from cocodet.coco.synthetic import ensure_synthetic
+    from cocodet.datasets.synthetic import ensure_synthetic
 
     return ensure_synthetic(tmp_path_factory.mktemp("synthetic") / "ds", seed=0, n_train=48, n_val=16)
 

@@ -16,7 +16,7 @@ from PIL import Image
 
 from conftest import REPO
 from cocodet.transforms.augment import Basic, Mosaic
-from cocodet.coco.index import DatasetConfigError, build_index
+from cocodet.datasets.index import DatasetConfigError, build_index
 from cocodet.errors import BadSampleError
 from cocodet.images.decode import decode_checked
 from cocodet.images.read import load_raw
@@ -90,8 +90,8 @@ def test_bad_sample_raise_names_file_id_reason(kind, ds):
     image_id = data["images"][0]["id"]
     with pytest.raises((BadSampleError, ValueError)) as e:
         index = build_index(root / "images", write(root, data))
-        CocoDataModule(str(root), "images", "ann.json", "images", "ann.json", image_size=64,
-                       recipe=Basic(64), batch_size=4, seed=0, plan=None)
+        CocoDataModule(root=str(root), train_images="images", train_ann="ann.json", val_images="images",
+                       val_ann="ann.json", image_size=64, recipe=Basic(64), batch_size=4, seed=0, plan=None).setup()
         DetectionDataset(index, Basic(64), 0, "raise")[0]
     text = str(e.value)
     assert reason in text and str(image_id) in text
@@ -107,9 +107,10 @@ def test_bad_sample_skip_accounts_for_every_sample(kind, ds, tmp_path):
     from cocodet.loader.resources import probe
 
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
-    dm = CocoDataModule(str(root), "images", ann.name, "images", ann.name, image_size=64,
-                        recipe=Mosaic(64), batch_size=4, seed=0, plan=plan, on_bad_sample="skip",
-                        run_dir=str(tmp_path))
+    dm = CocoDataModule(root=str(root), train_images="images", train_ann=ann.name, val_images="images",
+                        val_ann=ann.name, image_size=64, recipe=Mosaic(64), batch_size=4, seed=0, plan=plan,
+                        on_bad_sample="skip", run_dir=str(tmp_path))
+    dm.setup()
     for batch in dm.train_dataloader():  # real workers: records travel with the batches
         dm.bad_samples.record(batch.skipped, batch.images.shape[0], "train", 0)
     stats = dm.bad_sample_summary()["train"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cocodet.transforms.recipe import Letterbox
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 from cocodet.data.dataset import DetectionDataset
 from cocodet.loader.flat_batch import flatten, restore
 from cocodet.models.evaluation import detections_to_coco, evaluate, load_ground_truth, to_original_frame

@@ -80,15 +80,31 @@ def test_every_mode_has_its_function():
     assert tuple(MODE_TABLE) == MODES
 
 
-def test_the_dataset_keys_are_the_datamodules_arguments():
-    """What the dataset group may name: the constructor's arguments no other group gives, its
-    _target_, and storage_options (the store's, read into the run specification)."""
+def test_the_dataset_keys_are_the_datamodules_and_the_split_loaders_arguments():
+    """What the dataset group may name: the datamodule's arguments no other group gives, the
+    split loader's, each layout's own keys (the layout table's), its _target_, and
+    storage_options (the store's, read into the run specification)."""
     import inspect
 
     from cocodet.datamodule import CocoDataModule
+    from cocodet.datasets.layouts import LAYOUTS, layout_keys
+    from cocodet.datasets.splits import SOURCE_KEYS, SplitLoader
     from cocodet.schema import DATASET_KEYS
 
     runtime = {"self", "recipe", "batch_size", "seed", "plan", "val_batch_size", "run_dir", "replanner",
-               "group_aspect_ratio"}
+               "group_aspect_ratio", "dataset"}
     arguments = set(inspect.signature(CocoDataModule.__init__).parameters) - runtime
-    assert set(DATASET_KEYS) == arguments | {"_target_", "storage_options"}
+    loader = set(inspect.signature(SplitLoader.__init__).parameters) - {"self", "layout_options"}
+    assert loader == set(SOURCE_KEYS)
+    assert set(DATASET_KEYS) == arguments | loader | {"_target_", "storage_options"}
+    assert not set(DATASET_KEYS) & set(layout_keys())
+    for name in LAYOUTS:  # each shipped layout's config names only keys the group declares
+        keys = set(compose_dataset(name)) - {"_target_"}
+        assert keys <= set(DATASET_KEYS) | set(layout_keys()), (name, keys)
+        assert set(LAYOUTS[name].keys) <= keys, name
+
+
+def compose_dataset(name: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"dataset={name}", "output_dir=unused"])
+    return OmegaConf.to_container(cfg.dataset, resolve=False)

@@ -80,7 +80,7 @@ def test_grouped_batches_end_the_epoch_on_both_ranks_each_image_once(coco79, tmp
     same steps (a rank with one step more would hang at the next collective) and every train
     image is taken; the repeats are exactly the padding batches' images."""
     import numpy as np
-    from cocodet.coco.index import build_index
+    from cocodet.datasets.index import build_index
     from cocodet.loader.grouped_sampler import GroupedEpochSampler
 
     _, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", "loader.num_workers=0", "augment=hflip",

@@ -79,7 +79,7 @@ def test_whole_dataset_partners_keep_the_stream_contract(coco_tiny, tmp_path):
 
 
 def test_digest_changes_with_epoch(coco_tiny):
-    from cocodet.coco.index import build_index
+    from cocodet.datasets.index import build_index
     from cocodet.data.dataset import DetectionDataset
     from cocodet.loader.epoch_sampler import EpochSampler
     from cocodet.loader.flat_batch import flatten

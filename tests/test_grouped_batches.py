@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run_in_process
 from cocodet.bench.padding import pad_share, sample_sizes
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 from cocodet.loader.grouped_sampler import GroupedEpochSampler, aspect_bins, aspect_groups
 from cocodet.loader.batch_sampler import EpochBatchSampler
 from cocodet.loader.stream_position import ResumeError, StreamPosition

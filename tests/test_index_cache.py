@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cocodet.coco import index_cache
-from cocodet.coco.index import build_index
-from cocodet.coco.index_cache import cached_index
+from cocodet.datasets import index_cache
+from cocodet.datasets.index import build_index
+from cocodet.datasets.index_cache import cached_index
 
 
 def same(a, b) -> bool:

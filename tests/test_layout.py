@@ -1,8 +1,8 @@
 """The package layering (design §1, README "Project layout") read from the source: every import, those
 inside functions and under ``TYPE_CHECKING`` included, followed transitively.
 
-How modules are classified: a module inside a package (``cocodet.coco.index``) belongs to that
-package (``coco``); a top-level module is a unit of its own: ``errors``, ``sample``, ``ranks``,
+How modules are classified: a module inside a package (``cocodet.datasets.index``) belongs to that
+package (``datasets``); a top-level module is a unit of its own: ``errors``, ``sample``, ``ranks``,
 ``units``, ``host`` and ``schema`` (the bottom layer), ``config`` (start-up validation),
 ``datamodule`` (the composition root), ``preview``, ``app`` and ``cli``; ``modes`` is the wiring
 package (one module per mode). The re-export modules that keep old ``_target_`` paths importing
@@ -38,17 +38,27 @@ OLD_TARGETS = ["cocodet.bench.callback.LoaderTimingCallback", "cocodet.data.augm
                "cocodet.data.reference_presets.HFlip", "cocodet.data.reference_presets.MultiScale",
                "cocodet.data.reference_presets.LargeScaleJitter", "cocodet.data.ssd_presets.SingleShotPreset",
                "cocodet.datamodule.CocoDataModule"]
+# The index package's public names before it was renamed coco/ -> datasets/.
+OLD_DATASETS_TARGETS = [f"cocodet.coco.{module}.{name}" for module, names in {
+    "index": ("CocoIndex", "DatasetConfigError", "build_index", "load_coco_json", "resolve_inside", "remote_inside"),
+    "index_cache": ("cached_index", "through_cache", "index_key"), "splits": ("annotation_file",),
+    "bad_samples": ("BadSampleLedger", "skip_record", "append_records"), "synthetic": ("ensure_synthetic",),
+    "yolo_index": ("yolo_splits", "split_index", "list_images", "files_key", "image_ids", "build_split_index",
+                   "write_ground_truth"),
+    "yolo_labels": ("Labels", "label_path", "read_labels"),
+    "yolo_yaml": ("YoloLayout", "resolve", "parent", "find_data_yaml", "read_data_yaml")}.items() for name in names]
+OLD_TARGETS += OLD_DATASETS_TARGETS
 BOTTOM = {"errors", "sample", "ranks"}
 # What each data-side package and the loader may import (besides itself), transitively.
 BELOW = {"errors", "sample", "ranks", "units", "host", "schema"}
 ALLOWED = {
     "storage": BELOW,
-    "coco": BELOW | {"storage"},
-    "images": BELOW | {"storage", "coco"},
-    "transforms": BELOW | {"storage", "coco", "images"},
+    "datasets": BELOW | {"storage"},
+    "images": BELOW | {"storage", "datasets"},
+    "transforms": BELOW | {"storage", "datasets", "images"},
     "loader": BELOW,
     "read_ahead": BELOW | {"storage", "loader"},
-    "data": BELOW | {"storage", "coco", "images", "transforms", "loader"},
+    "data": BELOW | {"storage", "datasets", "images", "transforms", "loader"},
 }
 MAX_MODULE_LINES = 300
 
@@ -199,7 +209,7 @@ def heavy_imports(modules: list[str], path: Path | None = None) -> set[str]:
 
 # The packages below the modes receive the run specification's parts, never the config tree
 # (design §1); tracking/ may keep the tree, which it logs as the run's parameters.
-SPEC_ONLY = ("loader", "data", "storage", "images", "coco", "transforms", "models")
+SPEC_ONLY = ("loader", "data", "storage", "images", "datasets", "transforms", "models")
 
 
 def config_tree_readers(src: Path, packages=SPEC_ONLY) -> list[str]:
@@ -279,6 +289,22 @@ def test_an_old_target_is_mapped_with_one_warning_naming_the_new_path(caplog):
     assert tree["model"]["_target_"] == "cocodet.models.detector.DetectorModule"
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "cocodet.transforms.augment.Mosaic" in lines[0], lines
+
+
+def test_each_old_datasets_path_is_mapped_with_one_warning_naming_the_new_path(caplog):
+    from cocodet import compat
+
+    compat._warned.clear()
+    with caplog.at_level("WARNING", logger="cocodet.compat"):
+        for old in OLD_DATASETS_TARGETS:
+            for _ in range(2):
+                tree = {"dataset": {"hook": {"_target_": old}}}
+                assert compat.current_targets(tree) == ["dataset.hook._target_"], old
+                assert tree["dataset"]["hook"]["_target_"] == compat.MOVED_TARGETS[old]
+                assert tree["dataset"]["hook"]["_target_"].startswith("cocodet.datasets."), old
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == len(OLD_DATASETS_TARGETS), lines
+    assert all(compat.MOVED_TARGETS[old] in line for old, line in zip(OLD_DATASETS_TARGETS, lines))
 
 
 def test_a_run_with_an_old_target_path_runs_and_says_the_new_one(tmp_path):

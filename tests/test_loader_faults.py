@@ -163,8 +163,10 @@ def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
 
     root = synthetic_root
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(2, 1 << 20), probe(), cuda=False)
-    dm = CocoDataModule(str(root), "train", "annotations/instances_train.json", "val", "annotations/instances_val.json",
-                        image_size=64, recipe=Mosaic(64), batch_size=2, seed=0, plan=plan)
+    dm = CocoDataModule(root=str(root), train_images="train", train_ann="annotations/instances_train.json",
+                        val_images="val", val_ann="annotations/instances_val.json", image_size=64, recipe=Mosaic(64),
+                        batch_size=2, seed=0, plan=plan)
+    dm.setup()
     loader = dm.train_dataloader()
     try:
         with pytest.raises(LoaderFailure) as e:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import shutil
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from conftest import run_in_process
 from cocodet.data import pixel_cache
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 from cocodet.errors import BadSampleError
 from cocodet.images.decode import decode_reduction
 from cocodet.images.read import load_resized

@@ -7,7 +7,7 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
 
 from conftest import NARROW_MODEL, run_in_process, synthetic_overrides
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 from cocodet.models.prediction_grid import GAP_RGB, TAG, class_colour, panel_origin
 
 

@@ -47,10 +47,10 @@ def test_the_plan_reads_what_the_samples_read(coco_tiny, partners, monkeypatch):
     from cocodet.transforms.augment import Mosaic
     from cocodet.data.dataset import DetectionDataset
     from cocodet.loader.epoch_sampler import EpochSampler
-    from cocodet.coco.splits import load_splits
+    from cocodet.datasets.splits import SplitLoader
 
-    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
-                           "annotations/instances_val2017.json")
+    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
+                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
     pool = None if partners == "null" else int(partners)
     dataset = DetectionDataset(train, Mosaic(image_size=64, partner_pool=pool), seed=3)
     loads: list[int] = []
@@ -66,7 +66,7 @@ def test_the_plan_reads_what_window_partners_read(coco_tiny, monkeypatch):
     """Window partners at or before the sample's position come from the window cache, not the
     store, and so does an image an earlier sample drew ahead of itself (among the epoch's first
     W + 1 positions): read in order, the epoch's plan is its reads exactly."""
-    from cocodet.coco.splits import load_splits
+    from cocodet.datasets.splits import SplitLoader
     from cocodet.data import image_reader
     from cocodet.data.dataset import DetectionDataset
     from cocodet.data.window_cache import WindowCache
@@ -74,8 +74,8 @@ def test_the_plan_reads_what_window_partners_read(coco_tiny, monkeypatch):
     from cocodet.loader.rank_share import RankOrder
     from cocodet.transforms.augment import Mosaic
 
-    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
-                           "annotations/instances_val2017.json")
+    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
+                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
     window = 8
     dataset = DetectionDataset(train, Mosaic(image_size=64, partners="window", partner_window=window), seed=3)
     dataset.use_window(RankOrder(len(train), 3), WindowCache(window + 4, 64))
@@ -273,7 +273,7 @@ def test_under_ddp_each_rank_fetches_its_own_indices_with_the_local_digests(stor
     each rank fetching its own share of epoch 0 and what its next epochs add (the train loader
     streams on across the epoch's end), each key once; the per-rank digests are the local root's."""
     from cocodet.loader.epoch_sampler import EpochSampler
-    from cocodet.coco.splits import load_splits
+    from cocodet.datasets.splits import SplitLoader
     from conftest import NARROW_MODEL, run_train
 
     common = ["dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=1",
@@ -288,8 +288,8 @@ def test_under_ddp_each_rank_fetches_its_own_indices_with_the_local_digests(stor
     requests = [r for r in recorded(store) if r["method"] == "GET" and "/train2017/" in r["url"]]
     _, local = run_train(["dataset=coco", f"dataset.root={coco_tiny}", *common], tmp_path / "local", timeout=900)
     assert remote["ddp"]["stream_digests"] == local["ddp"]["stream_digests"]
-    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
-                           "annotations/instances_val2017.json")
+    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
+                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
     name = [Path(str(p)).name for p in train.paths]
     for rank in (0, 1):
         mine = [r["url"].split("/train2017/", 1)[1] for r in requests if rank_of(r) == rank]

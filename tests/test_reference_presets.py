@@ -17,7 +17,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from conftest import run_in_process
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 from cocodet.transforms.model_resize import BUILDER_SIZES, builder_sizes
 from cocodet.images.read import load_raw
 from cocodet.transforms.reference_presets import HFlip, LargeScaleJitter, ModelResize, MultiScale

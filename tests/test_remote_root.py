@@ -136,14 +136,14 @@ def test_the_annotation_is_fetched_once_and_the_index_not_parsed_again(store, tm
 
 def test_prediction_grid_tiles_are_read_from_the_bucket(store, coco_tiny):
     from cocodet.storage import store as storage
-    from cocodet.coco.splits import load_splits
+    from cocodet.datasets.splits import SplitLoader
     from cocodet.models.prediction_grid import _stored_image
 
     storage.configure({"endpoint_url": store})
-    _, val = load_splits(f"s3://{BUCKET}", "train2017", "annotations/instances_train2017.json", "val2017",
-                         "annotations/instances_val2017.json")
-    local, _ = load_splits(str(coco_tiny), "val2017", "annotations/instances_val2017.json", "val2017",
-                           "annotations/instances_val2017.json")
+    val = SplitLoader(root=f"s3://{BUCKET}", train_images="train2017", train_ann="annotations/instances_train2017.json",
+                      val_images="val2017", val_ann="annotations/instances_val2017.json").load().val
+    local = SplitLoader(root=str(coco_tiny), train_images="val2017", train_ann="annotations/instances_val2017.json",
+                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
     for k in range(3):
         assert val.paths[k].startswith(f"s3://{BUCKET}/val2017/")
         image, scale = _stored_image(val, k, 96, 10**9)

@@ -32,9 +32,11 @@ def datamodule(root, workers: int, window: int = 0, **replanner_args):
 
     plan = plan_fn(workers, 2)
     recipe = Mosaic(64, partners="window", partner_window=window) if window else Mosaic(64)
-    return CocoDataModule(str(root), "train", "annotations/instances_train.json", "val", "annotations/instances_val.json",
-                          image_size=64, recipe=recipe, batch_size=4, seed=0, plan=plan,
-                          replanner=Replanner(plan, plan_fn, **replanner_args))
+    dm = CocoDataModule(root=str(root), train_images="train", train_ann="annotations/instances_train.json",
+                        val_images="val", val_ann="annotations/instances_val.json", image_size=64, recipe=recipe,
+                        batch_size=4, seed=0, plan=plan, replanner=Replanner(plan, plan_fn, **replanner_args))
+    dm.setup()
+    return dm
 
 
 def stream(loader, epochs: int, kill_at: int | None = None, sig: signal.Signals = signal.SIGKILL) -> str:

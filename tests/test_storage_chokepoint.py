@@ -16,8 +16,8 @@ ALLOWED = {
     "cocodet.storage.store.read_bytes": "the one reader: a local file, or the object at a URL",
     "cocodet.storage.cache_files._sha256": "checksums of cocodet's own cache files",
     "cocodet.data.pixel_cache.PixelCache.preload": "cocodet's own pixel file, read through once (dataset.cache=ram)",
-    "cocodet.coco.index_cache.index_key": "hashes the annotation file: local, or the local copy of a URL",
-    "cocodet.coco.index.load_coco_json": "parses the annotation file: local, or the local copy of a URL",
+    "cocodet.datasets.index_cache.index_key": "hashes the annotation file: local, or the local copy of a URL",
+    "cocodet.datasets.index.load_coco_json": "parses the annotation file: local, or the local copy of a URL",
     "cocodet.inference.standalone_predict.read_image": "the shipped predict.py: cannot import cocodet",
     "cocodet.read_ahead.object_cache.ObjectCache._read_copy": "the read-ahead's local copies of objects read_bytes fetched",
 }

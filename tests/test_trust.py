@@ -4,8 +4,6 @@ checkpoints that cannot run code, caches that verify themselves. Real files, rea
 from __future__ import annotations
 
 import json
-import os
-import pickle
 import shutil
 import struct
 import subprocess
@@ -22,11 +20,11 @@ from test_bad_input import make_dataset, write
 
 from cocodet.images import decode as decode_module
 from cocodet.transforms.augment import Basic
-from cocodet.coco.index import build_index
+from cocodet.datasets.index import build_index
 from cocodet.errors import BadSampleError
 from cocodet.data.dataset import DetectionDataset
 from cocodet.data.image_reader import CallReads
-from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS, header_size
+from cocodet.images.header import header_size
 from cocodet.models.checkpoint_file import CheckpointError
 
 needs_unshare = pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare")
@@ -264,7 +262,7 @@ def test_a_file_that_is_not_a_checkpoint_gets_one_line(tmp_path, synthetic_root)
 # --- caches that verify themselves --------------------------------------------------------------
 
 def test_a_truncated_index_array_is_rebuilt_not_read(coco_tiny, tmp_path, caplog):
-    from cocodet.coco.index_cache import cached_index
+    from cocodet.datasets.index_cache import cached_index
 
     ann = coco_tiny / "annotations" / "instances_val2017.json"
     expected = np.array(cached_index(coco_tiny / "val2017", ann, True, tmp_path).boxes)  # a copy, not the mapping
@@ -305,14 +303,14 @@ def _in_read_only_mount(folder: Path, code: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @needs_unshare
 def test_a_valid_cache_on_a_read_only_mount_is_used(coco_tiny, tmp_path):
-    from cocodet.coco.index_cache import cached_index
+    from cocodet.datasets.index_cache import cached_index
     from cocodet.data.pixel_cache import open_pixel_cache
 
     ann = coco_tiny / "annotations" / "instances_val2017.json"
     index = cached_index(coco_tiny / "val2017", ann, True, tmp_path)
     open_pixel_cache(index, 64, "disk", tmp_path, "val", 2)
     code = (f"import logging; logging.basicConfig(level=logging.INFO)\n"
-            f"from cocodet.coco.index_cache import cached_index\nfrom cocodet.data.pixel_cache import open_pixel_cache\n"
+            f"from cocodet.datasets.index_cache import cached_index\nfrom cocodet.data.pixel_cache import open_pixel_cache\n"
             f"i = cached_index({str(coco_tiny / 'val2017')!r}, {str(ann)!r}, True, {str(tmp_path)!r})\n"
             f"c = open_pixel_cache(i, 64, 'disk', {str(tmp_path)!r}, 'val', 2)\nprint('OK', len(i), c.count)")
     proc = _in_read_only_mount(tmp_path, code)

@@ -199,13 +199,13 @@ def test_a_sample_built_from_a_slot_rewritten_meanwhile_is_built_again(coco_tiny
     """The dataset reads partners as views into the cache and checks them once the sample is
     built: a slot another worker rewrote while the recipe read it makes the sample be built
     again, with the pixels a decode gives."""
-    from cocodet.coco.splits import load_splits
+    from cocodet.datasets.splits import SplitLoader
     from cocodet.data.dataset import DetectionDataset
     from cocodet.loader.epoch_sampler import EpochSampler
     from cocodet.loader.rank_share import RankOrder
 
-    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
-                           "annotations/instances_val2017.json")
+    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
+                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
     keys = list(EpochSampler(len(train), 5, True, window=8).epoch_keys(1))[:24]
 
     def dataset(cache):
@@ -266,11 +266,11 @@ def test_a_partner_another_worker_is_decoding_is_waited_for_not_decoded_again(co
     was decoded by both)."""
     import torch.utils.data
 
-    from cocodet.coco.splits import load_splits
+    from cocodet.datasets.splits import SplitLoader
     from cocodet.data import image_reader
 
-    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
-                           "annotations/instances_val2017.json")
+    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
+                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
     keys, p, q = a_sample_and_its_partner(train)
     slow = keys[q].index
     expected = window_dataset(train, None).__getitems__([keys[q], keys[p]])
@@ -332,10 +332,10 @@ def test_a_writer_killed_mid_decode_releases_its_claim_and_the_waiter_decodes_it
     later: the reader waits until then, not for the bound, then claims the slot, decodes the
     image itself and publishes it (before: it decoded at once, beside the live writer, and
     published nothing)."""
-    from cocodet.coco.splits import load_splits
+    from cocodet.datasets.splits import SplitLoader
 
-    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
-                           "annotations/instances_val2017.json")
+    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
+                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
     keys, p, _ = a_sample_and_its_partner(train)
     cache = WindowCache(32, 96)  # waits up to WAIT_S (2 s)
     dataset = window_dataset(train, cache)
@@ -361,10 +361,10 @@ def test_a_stuck_writer_is_waited_for_at_most_the_bound_and_another_images_not_a
     """A live writer that never finishes the image a reader wants holds it up for ``wait_s``,
     then the reader decodes that image itself, publishing nothing (the slot is still claimed);
     a writer of another image in the slot is not waited for."""
-    from cocodet.coco.splits import load_splits
+    from cocodet.datasets.splits import SplitLoader
 
-    train, _ = load_splits(str(coco_tiny), "train2017", "annotations/instances_train2017.json", "val2017",
-                           "annotations/instances_val2017.json")
+    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
+                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
     keys, p, q = a_sample_and_its_partner(train)
     cache = WindowCache(32, 96)
     cache.wait_s = 0.5

@@ -17,11 +17,11 @@ from PIL import Image, ImageOps
 
 from conftest import REPO
 
-from cocodet.coco.index import DatasetConfigError
-from cocodet.coco.splits import load_splits
-from cocodet.coco.yolo_index import image_ids, yolo_splits
-from cocodet.coco.yolo_labels import label_path
-from cocodet.coco.yolo_yaml import find_data_yaml, read_data_yaml
+from cocodet.datasets.index import DatasetConfigError
+from cocodet.datasets.splits import SplitLoader
+from cocodet.datasets.yolo_index import image_ids, yolo_splits
+from cocodet.datasets.yolo_labels import label_path
+from cocodet.datasets.yolo_yaml import find_data_yaml, read_data_yaml
 
 NAMES = ["cat", "dog", "bird"]
 
@@ -180,8 +180,8 @@ def test_an_image_outside_the_dataset_folder_is_refused(tmp_path, small):
     outside = write_image(tmp_path / "elsewhere" / "000004.jpg")
     os.symlink(outside, small / "images" / "train" / "000004.jpg")
     with pytest.raises(DatasetConfigError, match="resolves outside the dataset folder"):
-        load_splits(str(small), "", "", "", "", layout="yolo")
-    train, _ = load_splits(str(small), "", "", "", "", on_bad_sample="skip", layout="yolo")
+        SplitLoader("yolo", str(small)).load()
+    train = SplitLoader("yolo", str(small), on_bad_sample="skip").load().train
     assert train.problems.tolist().count("") == 3 and "000004.jpg" in "".join(train.problems.tolist())
 
 
@@ -189,7 +189,7 @@ def test_the_cached_index_is_rebuilt_when_a_label_or_image_changes(small, tmp_pa
     import logging
 
     cache = str(tmp_path / "cache")
-    caplog.set_level(logging.INFO, logger="cocodet.coco.index_cache")
+    caplog.set_level(logging.INFO, logger="cocodet.datasets.index_cache")
 
     def index():
         caplog.clear()
@@ -242,9 +242,9 @@ def bad(tmp_path):
 
 def test_each_bad_label_line_is_named_with_its_file_and_line(bad):
     with pytest.raises(DatasetConfigError, match="5 images refused at start") as refused:
-        load_splits(str(bad), "", "", "", "", layout="yolo", yaml=str(bad / "data.yaml"))
+        SplitLoader("yolo", str(bad), yaml=str(bad / "data.yaml")).load()
     assert "labels/train/000013.txt line 1: 6 fields" in str(refused.value)
-    train, _ = load_splits(str(bad), "", "", "", "", on_bad_sample="skip", layout="yolo")
+    train = SplitLoader("yolo", str(bad), on_bad_sample="skip").load().train
     problems = dict(zip(train.image_ids.tolist(), train.problems.tolist()))
     for stem, (_, words) in BAD_LINES.items():
         assert (words or "") in problems[int(stem)] and bool(problems[int(stem)]) == bool(words), (stem, problems[int(stem)])

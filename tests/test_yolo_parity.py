@@ -139,7 +139,7 @@ def test_a_yolo_layout_in_a_bucket_gives_the_local_stream(two_layouts, tmp_path,
         client = s3_client(endpoint)
         for label in sorted((yolo_root / "labels" / "train2017").iterdir())[:20]:  # a fourth of the labels replaced
             client.put_object(Bucket="yolo-tiny", Key=f"labels/train2017/{label.name}", Body=b"0 0.5 0.5 0.9 0.9\n")
-        caplog.set_level("INFO", logger="cocodet.coco.index_cache")
+        caplog.set_level("INFO", logger="cocodet.datasets.index_cache")
         changed = run_in_process([*base, *bucket, "loader.num_workers=0"], tmp_path / "s3_changed")
         assert changed["batch_digest"] != local["batch_digest"]
         assert "built the index of s3://yolo-tiny/data.yaml train" in caplog.text

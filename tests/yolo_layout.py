@@ -1,6 +1,6 @@
 """Test helpers for the YOLO layout: a COCO split written as Ultralytics' folders, and the
 reverse, an independent converter from YOLO labels to COCO JSON (not cocodet's reader: it shares
-no code with ``cocodet/coco/yolo_*.py``, so a fault there cannot cancel out in a parity test)."""
+no code with ``cocodet/datasets/yolo_*.py``, so a fault there cannot cancel out in a parity test)."""
 
 from __future__ import annotations
 

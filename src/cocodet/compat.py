@@ -28,6 +28,20 @@ MOVED_TARGETS = {
     "cocodet.data.ssd_presets.FixedResize": "cocodet.transforms.ssd_presets.FixedResize",
     "cocodet.bench.callback.LoaderTimingCallback": "cocodet.timing.callback.LoaderTimingCallback",
 }
+# The index package, renamed coco/ -> datasets/ once it held every layout: module -> its public
+# names; those that also changed module are listed after.
+_DATASETS = {"index": ("CocoIndex", "DatasetConfigError", "build_index", "load_coco_json"),
+             "index_cache": ("cached_index", "through_cache", "index_key"),
+             "bad_samples": ("BadSampleLedger", "skip_record", "append_records"), "synthetic": ("ensure_synthetic",),
+             "yolo_index": ("yolo_splits", "split_index", "list_images", "files_key", "image_ids", "build_split_index",
+                            "write_ground_truth"),
+             "yolo_labels": ("Labels", "label_path", "read_labels"),
+             "yolo_yaml": ("YoloLayout", "resolve", "parent", "find_data_yaml", "read_data_yaml")}
+MOVED_TARGETS.update({f"cocodet.coco.{module}.{name}": f"cocodet.datasets.{module}.{name}"
+                      for module, names in _DATASETS.items() for name in names})
+MOVED_TARGETS.update({"cocodet.coco.index.resolve_inside": "cocodet.datasets.paths.resolve_inside",
+                      "cocodet.coco.index.remote_inside": "cocodet.datasets.paths.remote_inside",
+                      "cocodet.coco.splits.annotation_file": "cocodet.datasets.coco_layout.annotation_file"})
 _warned: set[str] = set()
 
 

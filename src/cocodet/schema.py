@@ -28,15 +28,14 @@ ON_COLLAPSE = ("warn", "stop")
 PARTNERS = ("window", "pool", "dataset")  # where mosaic partners come from (transforms/augment.py)
 COLOUR_MODES = ("matrix", "hsv")  # mosaic's colour jitter (transforms/colour.py)
 
-# The dataset group's keys: the CocoDataModule arguments a config gives (its runtime arguments,
-# the recipe, plan, batch sizes, seed and run dir, come from other groups), and storage_options,
-# which configure the store (run_spec.StorageSpec). A key outside this list is refused in every
-# mode, so a typo cannot pass mode=plan and end another mode in a TypeError
-# (tests/test_config.py keeps it equal to the constructor's signature).
-DATASET_KEYS = ("_target_", "root", "train_images", "train_ann", "val_images", "val_ann", "image_size",
-                "keep_empty", "on_bad_sample", "verify", "synthetic", "cache_dir", "cache", "max_image_pixels",
-                "storage_options", "remote", "layout", "yaml")
-DATASET_LAYOUTS = ("coco", "yolo")
+# The dataset group's keys every layout shares: the CocoDataModule arguments a config gives (its
+# runtime arguments, the recipe, plan, batch sizes, seed and run dir, come from other groups), the
+# split loader's, and storage_options, which configure the store (run_spec.StorageSpec). Each
+# layout's own keys and rules are its entry's in the layout table (datasets/layouts.py). A key
+# outside these is refused in every mode, so a typo cannot pass mode=plan and end another mode in
+# a TypeError (tests/test_config.py keeps them equal to the constructors' signatures).
+DATASET_KEYS = ("_target_", "root", "image_size", "keep_empty", "on_bad_sample", "verify", "cache_dir", "cache",
+                "max_image_pixels", "storage_options", "remote", "layout")
 
 
 @dataclass(frozen=True)
@@ -108,9 +107,6 @@ RULES = (
     Rule("dataset.remote.concurrency", _int(1), "an integer >= 1 (GETs in flight)"),
     Rule("dataset.image_size", _int(32), "an integer >= 32 (pixels of the letterboxed side)"),
     _choice("dataset.on_bad_sample", ON_BAD_SAMPLE),
-    _choice("dataset.layout", DATASET_LAYOUTS),
-    Rule("dataset.yaml", lambda v: isinstance(v, str) and bool(v), "the path of a data.yaml (dataset=yolo), or null "
-         "for <dataset.root>/data.yaml", optional=True),
     _choice("dataset.keep_empty", (True, False, "reference"),
             "for the recipe's default (true; reference with augment=hflip|multiscale|lsj)"),
     _choice("dataset.cache", CACHE_MODES),

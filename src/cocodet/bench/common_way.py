@@ -18,7 +18,7 @@ import torch.utils.data
 from PIL import Image
 
 from cocodet.transforms.recipe import Recipe
-from cocodet.coco.index import CocoIndex
+from cocodet.datasets.index import CocoIndex
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS, check_header
 from cocodet.storage.store import read_bytes
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch.utils.data
 
 from cocodet import schema
-from cocodet.coco.bad_samples import skip_record
-from cocodet.coco.index import CocoIndex
+from cocodet.datasets.bad_samples import skip_record
+from cocodet.datasets.index import CocoIndex
 from cocodet.data.image_reader import COLOUR, DECODES, GEOMETRY, CallReads, ImageReader
 from cocodet.data.partners import DatasetPartners, PoolPartners, WindowPartners
 from cocodet.errors import BadSampleError
@@ -119,7 +119,7 @@ class DetectionDataset(torch.utils.data.Dataset):
                 break
             except BadSampleError as e:
                 # The position's own image is the "sample"; a bad replacement of it is counted
-                # apart, so that seen + skipped stays the epoch's size (coco/bad_samples.py).
+                # apart, so that seen + skipped stays the epoch's size (datasets/bad_samples.py).
                 skipped.append(self._skipped(e, key.epoch, k, "sample" if k == key.index else "replacement"))
                 k = int(rng.integers(len(self.index)))  # deterministic replacement
         if primary is None:

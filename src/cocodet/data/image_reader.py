@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from cocodet.coco.index import CocoIndex
+from cocodet.datasets.index import CocoIndex
 from cocodet.errors import BadSampleError
 from cocodet.images.read import Source, clip_targets, load_resized
 

@@ -35,7 +35,7 @@ from cocodet import schema
 from cocodet.host import memory_available
 from cocodet.units import MiB
 from cocodet.errors import UserError
-from cocodet.coco.index import CocoIndex
+from cocodet.datasets.index import CocoIndex
 from cocodet.errors import BadSampleError
 from cocodet.images.read import Source, clip_targets, load_resized
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS

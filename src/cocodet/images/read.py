@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cocodet.coco.index import CocoIndex
+from cocodet.datasets.index import CocoIndex
 from cocodet.errors import BadSampleError
 from cocodet.images.decode import Decoded, decode_checked
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS

@@ -8,7 +8,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cocodet.coco.index import CocoIndex
+from cocodet.datasets.index import CocoIndex
 from cocodet.errors import BadSampleError
 from cocodet.images.read import load_raw
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS

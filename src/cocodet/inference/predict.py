@@ -22,7 +22,7 @@ import torch.utils.data
 from tqdm import tqdm
 
 from cocodet.errors import UserError
-from cocodet.coco.bad_samples import append_records, skip_record
+from cocodet.datasets.bad_samples import append_records, skip_record
 from cocodet.errors import BadSampleError
 from cocodet.images.decode import decode_checked, decode_resized
 from cocodet.transforms.recipe import Recipe, to_original

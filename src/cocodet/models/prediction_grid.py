@@ -19,7 +19,7 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from cocodet.coco.index import CocoIndex
+from cocodet.datasets.index import CocoIndex
 from cocodet.images.decode import decode_checked
 from cocodet.storage.store import StoreError, read_bytes
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS

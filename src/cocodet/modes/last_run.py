@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from cocodet.datasets.layouts import layout_keys
 from cocodet.errors import UserError
 from cocodet.models.preemption import checkpoints_under, newest_checkpoint, resume_line, run_of
 from cocodet.run_spec.records import RunSpec
@@ -31,8 +32,9 @@ from cocodet.run_spec.records import RunSpec
 log = logging.getLogger(__name__)
 
 OUTPUTS = Path("outputs")
-# The dataset keys that say which images and labels a run learned (not how they were loaded).
-DATASET_IDENTITY = ("layout", "yaml", "root", "train_images", "train_ann", "val_images", "val_ann", "synthetic")
+# The dataset keys that say which images and labels a run learned (not how they were loaded):
+# the layout, its root and every layout's own keys.
+DATASET_IDENTITY = ("layout", "root", *layout_keys())
 # What a run's config means without the key (saved before dataset.layout existed: a COCO layout)
 IDENTITY_DEFAULTS = {"layout": "coco"}
 # model.detector keys that only say where the first weights came from: a resumed run has its own.

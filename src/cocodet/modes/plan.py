@@ -7,13 +7,11 @@ import logging
 
 import numpy as np
 
-
-from cocodet.storage.store import is_remote
-
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.loader.pod_requests import pod_requests, pod_requests_text
 from cocodet.loader.resources import HostResources
 from cocodet.run_spec.records import RunSpec
+from cocodet.storage.store import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +27,24 @@ def partner_words(spec: RunSpec) -> str:
     return ""
 
 
-def dataset_indexes(spec: RunSpec):
-    """(train, val) indexes of the run's dataset, as training builds them (cached, synthetic made)."""
-    from cocodet.coco.splits import load_splits
+def dataset_splits(spec: RunSpec):
+    """The run's splits (``datasets/layouts.py`` Splits), read as training reads them (cached,
+    synthetic made), by the same loader the datamodule uses."""
+    from cocodet.datasets.splits import SplitLoader
 
-    d = spec.dataset.options
-    return load_splits(d["root"], d["train_images"], d["train_ann"], d["val_images"], d["val_ann"], d["keep_empty"],
-                       d["on_bad_sample"], d.get("synthetic"), d.get("cache_dir"), d.get("layout", "coco"), d.get("yaml"))
+    return SplitLoader.from_dataset(spec.dataset.options).load()
+
+
+def dataset_indexes(spec: RunSpec):
+    """(train, val) indexes of the run's dataset."""
+    splits = dataset_splits(spec)
+    return splits.train, splits.val
 
 
 def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> dict:
     d = spec.dataset.options
-    train, val = dataset_indexes(spec)
+    splits = dataset_splits(spec)
+    train, val = splits.train, splits.val
     if d.get("verify"):
         from cocodet.images.verify import verify_indexes
 
@@ -53,19 +57,20 @@ def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> di
 
         log.info("learning rate: %s", lr_words(scaling, spec.loader.batches.batch_size, spec.ranks.world_size,
                                                 int(spec.trainer.args.get("accumulate_grad_batches") or 1)))
-    remote = remote_reads(spec, train, loader_plan) if is_remote(str(d["root"])) else None
+    remote = remote_reads(spec, train, splits.train_images, loader_plan) if is_remote(str(d["root"])) else None
     return {"mode": "plan", **loader_plan.summary(), "pod": pod_requests(loader_plan), "host": resources.as_dict(),
             "train_images": len(train), "val_images": len(val), **({"remote": remote} if remote else {})}
 
 
-def remote_reads(spec: RunSpec, train, loader_plan: LoaderPlan) -> dict:
+def remote_reads(spec: RunSpec, train, images: tuple[str, str], loader_plan: LoaderPlan) -> dict:
     """What one train epoch reads from a remote root for this rank: objects and bytes (from one
-    listing of the image prefix), and the images two ranks share (the sampler's padding)."""
+    listing of the train images' prefix, ``images``: (root, folder)), and the images two ranks
+    share (the sampler's padding)."""
     from cocodet.loader.rank_share import padding, rank_indices
-    from cocodet.storage.store import listing
+    from cocodet.storage.store import join, listing
 
     ranks, root = spec.ranks, spec.dataset.root
-    sizes = listing(root.rstrip("/") + "/" + str(spec.dataset.get("train_images")))
+    sizes = listing(join(*images))
     mine = rank_indices(len(train), spec.seed, 0, ranks.global_rank, ranks.world_size)
     grouped = loader_plan.group_aspect_ratio is not None  # grouped batches pad whole batches: about the same share
     objects = np.unique(mine)

@@ -12,7 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from cocodet.coco.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
+from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
 from cocodet.elastic.attempts import AttemptLedger
 from cocodet.elastic.meeting import meet
 from cocodet.errors import RunStopped, TrainingStopped, UnusableModel

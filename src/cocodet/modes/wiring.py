@@ -46,11 +46,15 @@ def build_replanner(spec: RunSpec, plan: LoaderPlan) -> Replanner:
 
 
 def build_datamodule(spec: RunSpec, plan: LoaderPlan):
+    """The datamodule, its splits read: the model is sized by their classes and scored against
+    their ground truth before Lightning would call ``setup()`` (its own calls find it done)."""
     batches = spec.loader.batches
-    return get_class(spec.dataset.target)(
+    datamodule = get_class(spec.dataset.target)(
         **spec.dataset.options, recipe=spec.recipe.recipe, batch_size=batches.batch_size, seed=spec.seed, plan=plan,
         val_batch_size=batches.val_batch_size, run_dir=str(spec.run_dir), group_aspect_ratio=plan.group_aspect_ratio,
         replanner=build_replanner(spec, plan))
+    datamodule.setup()
+    return datamodule
 
 
 def build_module(spec: RunSpec, datamodule):

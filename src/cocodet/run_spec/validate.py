@@ -17,6 +17,7 @@ import inspect
 from omegaconf import DictConfig, OmegaConf
 
 from cocodet.credentials import ADVICE, credential_keys
+from cocodet.datasets.layouts import layout_keys, layout_rules
 from cocodet.errors import ConfigError
 from cocodet.run_spec.schemas import SCHEMAS, declared_keys
 from cocodet.schema import DATASET_KEYS, MODES, RULES, show
@@ -29,10 +30,10 @@ def validate(cfg: DictConfig, tree: dict, overrides: list[str] = ()) -> None:
     ``cfg`` itself for what must be read unresolved; ``overrides``: this run's command line."""
     if tree.get("mode") not in MODES:
         raise ConfigError(f"mode={show(tree.get('mode'))} is not allowed: expected one of {', '.join(MODES)}")
-    for group, declared in (("dataset", DATASET_KEYS), *((g, declared_keys(g)) for g in SCHEMAS)):
+    for group, declared in (("dataset", DATASET_KEYS + layout_keys()), *((g, declared_keys(g)) for g in SCHEMAS)):
         undeclared(group, set(tree.get(group) or {}), declared)
     check_signatures(tree, list(overrides))
-    for rule, value in [(rule, _select(tree, rule.key)) for rule in RULES]:
+    for rule, value in [(rule, _select(tree, rule.key)) for rule in (*RULES, *layout_rules())]:
         if value is not _ABSENT:
             rule.validate(value)
     # Unresolved: a value from ${oc.env:...} (the environment) is allowed, a literal one is not.

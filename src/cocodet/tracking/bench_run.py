@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from cocodet.coco.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
+from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
 from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests, redact
 from cocodet.tracking.run_record import end_tags, flat_params, start_tags, summary_metrics
 from cocodet.tracking.store import artifact_root, checkout_dir

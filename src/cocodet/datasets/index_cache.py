@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from cocodet.storage.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
-from cocodet.coco.index import CocoIndex, build_index
+from cocodet.datasets.index import CocoIndex, build_index
 from cocodet.storage.store import is_dir, is_remote
 
 log = logging.getLogger(__name__)

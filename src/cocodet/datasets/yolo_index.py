@@ -1,5 +1,5 @@
 """A YOLO-layout split (``data.yaml``, images, ``labels/*.txt``) as the flat index COCO's splits
-are (``coco/index.py``), cached the same way, with the COCO ground truth COCOeval scores it by.
+are (``datasets/index.py``), cached the same way, with the COCO ground truth COCOeval scores it by.
 
 Image sizes and EXIF orientations come from headers (PIL's lazy open); nothing is decoded at
 start. Image ids are the file stems where all are numeric and distinct, else the positions
@@ -26,10 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cocodet.coco.index import CocoIndex, DatasetConfigError, resolve_inside
-from cocodet.coco.index_cache import INDEX_FORMAT, through_cache
-from cocodet.coco.yolo_labels import label_path, read_labels
-from cocodet.coco.yolo_yaml import IMAGE_SUFFIXES, YoloLayout, find_data_yaml, parent, read_data_yaml, resolve
+from cocodet.datasets.index import CocoIndex, DatasetConfigError
+from cocodet.datasets.index_cache import INDEX_FORMAT, through_cache
+from cocodet.datasets.layouts import Source, Splits
+from cocodet.datasets.paths import resolve_inside
+from cocodet.datasets.yolo_labels import label_path, read_labels
+from cocodet.datasets.yolo_yaml import IMAGE_SUFFIXES, YoloLayout, find_data_yaml, parent, read_data_yaml, resolve
 from cocodet.storage.store import file_stamps, is_dir, is_remote, listing, read_bytes
 
 GROUND_TRUTH = "ground_truth.json"
@@ -37,6 +39,15 @@ EXIF_ORIENTATION = 0x0112
 # The bytes read for an image's size and EXIF orientation (a JPEG's EXIF block is at most 64 KiB
 # and comes before its frame header); a header that needs more is read whole.
 HEADER_BYTES = 1 << 17
+
+
+def read_splits(source: Source) -> Splits:
+    """The YOLO layout's splits; each one's ground truth is written beside its cached index. The
+    train images may be anywhere under data.yaml's path: a bucket's read-ahead lists their
+    common folder."""
+    train, val = yolo_splits(source.get("yaml"), source.root, source.keep_empty, source.cache_dir)
+    folder = os.path.commonprefix(train.paths.tolist()).rsplit("/", 1)[0]
+    return Splits(train, val, train.ann_file, val.ann_file, (folder, ""))
 
 
 def yolo_splits(yaml_path: str | None, root: str | None, keep_empty: bool | str,
@@ -188,7 +199,7 @@ def _header(path: str, size: int | None) -> tuple[tuple[int, int], int, str]:
 
 
 def _stays(keep_empty: bool | str, boxes: np.ndarray) -> bool:
-    """COCO's keep_empty rule (coco/index.py ``_image_stays``) for an image with no crowd regions."""
+    """COCO's keep_empty rule (datasets/index.py ``image_stays``) for an image with no crowd regions."""
     if keep_empty == "reference":
         return len(boxes) > 0 and not bool(np.all((boxes[:, 2] - boxes[:, 0] <= 1) | (boxes[:, 3] - boxes[:, 1] <= 1)))
     return len(boxes) > 0 or bool(keep_empty)

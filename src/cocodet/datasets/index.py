@@ -1,4 +1,5 @@
-"""The COCO index (reading one sample is ``images/read.py``).
+"""The flat index every layout is read into, and COCO's instances JSON read into it (reading one
+sample is ``images/read.py``).
 
 The index is built once in the main process from pycocotools and kept as flat numpy
 buffers plus offsets (detectron2-style), so DataLoader workers that touch it on every
@@ -18,49 +19,21 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from cocodet.storage.store import is_dir, is_remote, join
+from cocodet.datasets.paths import remote_inside, resolve_inside
+from cocodet.storage.store import is_dir, is_remote
 from cocodet.errors import UserError
 
 log = logging.getLogger(__name__)
+
 
 class DatasetConfigError(UserError, ValueError):
     """The dataset cannot be used at all (missing files, malformed annotations)."""
 
 
-def resolve_inside(root: Path, file_name: str, real_dirs: dict[str, str] | None = None) -> Path | None:
-    """Return the path of ``file_name`` under ``root`` or None if it escapes the root.
-
-    Rejects absolute names, ``..`` components and symlinks that point outside the root.
-    ``real_dirs`` caches the resolved folders between calls: at COCO scale a full
-    ``realpath`` per image (an lstat per path component) costs more than the JSON parse.
-    """
-    if os.path.isabs(file_name) or ".." in Path(file_name).parts:
-        return None
-    path = root / file_name
-    cache = real_dirs if real_dirs is not None else {}
-    folder = str(path.parent)
-    if folder not in cache:
-        cache[folder] = os.path.realpath(folder)
-    if str(root) not in cache:
-        cache[str(root)] = os.path.realpath(root)
-    real_root = cache[str(root)]
-    real = os.path.realpath(path) if os.path.islink(path) else os.path.join(cache[folder], path.name)
-    if os.path.commonpath([real_root, real]) != real_root:
-        return None
-    return path
-
-
-def remote_inside(root: str, file_name: str) -> str | None:
-    """The URL of ``file_name`` under the remote ``root``, or None if it names another place
-    (an absolute name, a URL of its own, a ``..`` component: a store has no symlinks to follow)."""
-    if file_name.startswith("/") or "://" in file_name or ".." in file_name.split("/"):
-        return None
-    return join(root, file_name)
-
-
 @dataclass
 class CocoIndex:
-    """Flat, picklable view of a COCO annotation file.
+    """Flat, picklable view of one split in COCO's form (ids, categories), whatever layout it was
+    read from (``layouts.py``).
 
     Attributes:
         image_ids: [N] int64 COCO image ids.
@@ -161,7 +134,7 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
                     mininterval=2.0):
         anns = anns_of.get(img["id"], [])
         kept = _training_boxes(anns, label_of, dropped)
-        if not _image_stays(keep_empty, kept, anns):
+        if not image_stays(keep_empty, kept, anns):
             dropped["empty_image"] += 1
             continue
         name = str(img.get("file_name", ""))
@@ -200,7 +173,7 @@ def _image_root(image_root: str | os.PathLike) -> str | Path:
     return image_root if is_remote(image_root) else Path(os.path.abspath(image_root))
 
 
-def _image_stays(keep_empty: bool | str, kept: list, anns: list[dict]) -> bool:
+def image_stays(keep_empty: bool | str, kept: list, anns: list[dict]) -> bool:
     """Whether an image enters the index under the ``keep_empty`` rule (see build_index)."""
     if keep_empty == "reference":
         return bool(anns) and not all(any(side <= 1 for side in a["bbox"][2:]) for a in anns)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from cocodet.coco.index import DatasetConfigError
+from cocodet.datasets.index import DatasetConfigError
 from cocodet.storage.store import is_dir, is_file, is_remote, join, object_info, read_bytes
 
 log = logging.getLogger(__name__)
