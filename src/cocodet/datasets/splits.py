@@ -52,15 +52,16 @@ class SplitLoader:
             raise DatasetConfigError(f"train and val category ids differ: {train.category_ids.tolist()} vs "
                                      f"{val.category_ids.tolist()}; both splits must share one category list")
         if self.on_bad_sample == "raise":
-            _refuse_index_problems(train)
-            _refuse_index_problems(val)
+            _refuse_index_problems(train, f"dataset.layout={self.layout}, train split")
+            _refuse_index_problems(val, f"dataset.layout={self.layout}, val split")
         return splits
 
 
-def _refuse_index_problems(index: CocoIndex) -> None:
+def _refuse_index_problems(index: CocoIndex, split: str) -> None:
     bad = [(int(i), str(p)) for i, p in zip(index.image_ids, index.problems) if p]
     if bad:
         listing = "; ".join(f"image_id={i}: {p}" for i, p in bad[:5])
-        raise DatasetConfigError(f"{index.ann_file}: {len(bad)} images refused at start: {listing}. "
+        raise DatasetConfigError(f"{split}: {len(bad)} images refused at start (the first {min(5, len(bad))}: "
+                                 f"{listing}). "
                                  "Fix them (the file names, the annotations), or set dataset.on_bad_sample=skip to "
                                  "skip them with a record")
