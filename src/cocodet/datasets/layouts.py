@@ -62,12 +62,21 @@ def _text(v: Any) -> bool:
     return isinstance(v, str) and bool(v)
 
 
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(_text(n) for n in v) and len(set(v)) == len(v)
+
+
 LAYOUTS: dict[str, Layout] = {
     "coco": Layout(("train_images", "train_ann", "val_images", "val_ann", "synthetic"),
                    "cocodet.datasets.coco_layout:read_splits"),
     "yolo": Layout(("yaml",), "cocodet.datasets.yolo_index:read_splits",
                    (Rule("dataset.yaml", _text, "the path of a data.yaml (dataset=yolo), or null for "
                          "<dataset.root>/data.yaml", optional=True),)),
+    "voc": Layout(("train_list", "val_list", "classes"), "cocodet.datasets.voc:read_splits",
+                  (Rule("dataset.train_list", _text, "a split's id list, relative to dataset.root"),
+                   Rule("dataset.val_list", _text, "a split's id list, relative to dataset.root"),
+                   Rule("dataset.classes", _names, "a list of distinct class names (category id = 1 + position), or "
+                        "null for every <name> of both splits, sorted", optional=True))),
 }
 
 
