@@ -66,7 +66,7 @@ def build_module(spec: RunSpec, datamodule):
 
 
 def trained_groups(spec: RunSpec) -> dict:
-    """The groups a checkpoint carries (``run_spec/trained_config.py`` reads them back), as this
+    """The groups a checkpoint carries (``run_spec/read.py:with_trained_config`` reads them back), as this
     run read them: the dataset (its store options: never credentials), the model, the augment recipe."""
     dataset = {"_target_": spec.dataset.target, **spec.dataset.options, "storage_options": spec.storage.options}
     return {"dataset": dataset, "model": spec.model.config, "augment": spec.recipe.config}

@@ -32,7 +32,6 @@ from cocodet.run_spec.records import (DatasetSpec, LoaderSpec, ModelSpec, Recipe
                                       TrainerSpec)
 from cocodet.run_spec.validate import validate
 from cocodet.transforms.recipe import Recipe
-from cocodet.transforms.reference_presets import ReferencePreset
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ TRAINED_GROUPS = ("dataset", "model", "augment")  # ... and, unless the command 
 
 def read_spec(cfg: DictConfig) -> RunSpec:
     """The groups a checkpoint was trained with, for the modes that use one
-    (``run_spec/trained_config.py``); validate ``cfg`` (``run_spec/validate.py``: exit 2 naming
+    (``with_trained_config`` below); validate ``cfg`` (``run_spec/validate.py``: exit 2 naming
     the key), map old ``_target_`` paths (``compat.py``), then read each group once."""
     overrides = cli_overrides()
     with_trained_config(cfg, overrides)  # eval|predict|export: the groups the checkpoint was trained with
@@ -73,7 +72,7 @@ def read_spec(cfg: DictConfig) -> RunSpec:
                           int(loader.get("max_replans", 3))),
         storage=StorageSpec(data.get("storage_options") or {}, dict(data.get("remote") or {})),
         model=None if model is None else ModelSpec(config=model, name=str(model["detector"]["name"]),
-                                                   loader_resizes=recipe.is_a(ReferencePreset)),
+                                                   loader_resizes=recipe.resizes_as_model),
         trainer=TrainerSpec(args=trainer, callbacks=list((tree.get("callbacks") or {}).values()),
                             loggers=tree.get("logger") or {}, cuda=cuda),
         ckpt_path=tree.get("ckpt_path"), weights_only=bool(tree.get("weights_only", True)),

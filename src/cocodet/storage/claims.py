@@ -9,7 +9,7 @@ lives, and a killed one loses it at once (the kernel drops a dead process's lock
 - :class:`SharedLock`: a lock for shared memory that a process and the workers it forks take
   (the store's counters and give-up clock, the object cache's budget), in place of
   ``multiprocessing``'s, whose semaphore stays taken forever when its holder is SIGKILLed (the
-  OOM killer inside a short section hung the parent's next ``counts()``: issue 70).
+  OOM killer inside a short section hangs the parent's next ``counts()``).
 """
 
 from __future__ import annotations
