@@ -5,6 +5,7 @@ mode=plan builds none of them), with the learning rate scaled to the run's globa
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +61,23 @@ def test_the_schedule_is_the_references():
     c = rates(steps_per_epoch=3, epochs=8, cosine=True)
     assert c[3 * 4] == pytest.approx(0.5) and c[3 * 7 + 2] == pytest.approx((1 + math.cos(math.pi * 7 / 8)) / 2)
     assert scaled_lr(0.02, 16, 4) == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize("augment,square", [("mosaic", True), ("basic", True), ("none", True), ("hflip", False)])
+def test_each_recipe_answers_its_own_geometry(augment, square):
+    """The plan asks the recipe's class, not a family check: the letterbox family (mosaic, basic,
+    none) outputs image_size squares, so an explicit grouping is ignored; a reference preset's
+    sides come from the model's resize."""
+    from hydra import compose, initialize_config_dir
+
+    from cocodet.run_spec.read import read_spec
+
+    model = ["model=fasterrcnn_resnet50_fpn"] if augment == "hflip" else []
+    with initialize_config_dir(config_dir=str(Path(__file__).parents[1] / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"augment={augment}", "loader.group_aspect_ratio=2", *model,
+                                                       "output_dir=unused"])
+    spec = read_spec(cfg)
+    assert spec.recipe.shape.square_outputs is square
+    assert (spec.loader.batches.group_aspect_ratio is None) is square
+    assert (spec.recipe.shape.train_side == spec.dataset.image_size) is square
+    assert (spec.recipe.shape.partners_from is not None) is (augment == "mosaic")

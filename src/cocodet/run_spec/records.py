@@ -16,13 +16,6 @@ from typing import Any
 
 from cocodet.loader.plan_record import BatchGeometry, LoaderRequest, RecipeShape
 from cocodet.ranks import Ranks
-from cocodet.transforms.augment import Mosaic, partner_source
-from cocodet.transforms.reference_presets import ReferencePreset
-from cocodet.transforms.ssd_presets import FixedResize
-
-# Every torchvision reference recipe's --aspect-ratio-group-factor: what loader.group_aspect_ratio=preset
-# means for a reference preset (off for the other families).
-REFERENCE_GROUPING = 3
 
 
 @dataclass(frozen=True)
@@ -33,47 +26,37 @@ class RecipeSpec:
     family: type | None  # the class the target names (None: augment has no target)
     config: dict         # the augment group, resolved, with its _target_
     image_size: int
-    model_sizes: tuple[int, int] | None = None  # the reference presets: the chosen model's resize
-    partners_from: str | None = None  # mosaic's partner source ("window", "pool", "dataset"; None: not a mosaic)
+    model_sizes: tuple[int, int] | None = None  # what the recipe needs of the chosen model (its resize)
 
     @classmethod
     def read(cls, augment: dict, detector: dict | None, image_size: int) -> RecipeSpec:
         """The augment group's class, located as ``instantiate`` would (an old path mapped by
-        ``compat.py`` gives the same class), and, for a reference preset, the model's resize
-        (``detector``: model.detector). The recipe modules import neither torch nor
-        albumentations at module level, so the plan stays light."""
+        ``compat.py`` gives the same class), and what it needs of the model (``detector``:
+        model.detector). The recipe modules import neither torch nor albumentations at module
+        level, so the plan stays light."""
         from hydra.utils import get_class
 
-        from cocodet.transforms.model_resize import builder_sizes, fixed_sizes
-
         family = get_class(str(augment["_target_"])) if augment.get("_target_") else None
-        sizes = None
-        if family is not None and issubclass(family, ReferencePreset):
-            name = str(detector["name"])
-            sizes = (fixed_sizes(name) if issubclass(family, FixedResize) else
-                     builder_sizes(name, detector.get("min_size"), detector.get("max_size")))
-        source = None
-        if family is not None and issubclass(family, Mosaic):
-            source = partner_source(augment.get("partners"), augment.get("partner_window"), augment.get("partner_pool"))
-        return cls(family, augment, int(image_size), sizes, source)
+        return cls(family, augment, int(image_size), family.sizes_from_model(detector) if family is not None else None)
 
-    def is_a(self, family: type) -> bool:
-        return self.family is not None and issubclass(self.family, family)
+    @property
+    def resizes_as_model(self) -> bool:
+        """The loader resizes images as the model's transform would (design §13)."""
+        return self.family is not None and self.family.resizes_as_model
 
     @cached_property
     def shape(self) -> RecipeShape:
-        """What the loader plan needs of this recipe, derived once: a reference preset's largest
-        train and val images (built: its sides come from the model's resize), otherwise
-        ``image_size``; mosaic's partners (a window only when augment.partners picks one)."""
-        reference = self.is_a(ReferencePreset)  # the letterbox family is not built here (albumentations)
-        built = self.recipe if reference else None
-        train, val = ((max(built.largest_hw()), max(built.eval_recipe().largest_hw())) if built is not None
-                      else (self.image_size, self.image_size))
-        aug, source = self.config, self.partners_from
-        return RecipeShape(self.image_size, train, val, partner_window=int(aug["partner_window"]) if source == "window" else 0,
+        """What the loader plan needs of this recipe, as its class answers it, derived once
+        (mosaic's window only when augment.partners picks one)."""
+        if self.family is None:
+            return RecipeShape(self.image_size, self.image_size, self.image_size)
+        geometry = self.family.geometry(self.config, self.image_size, lambda: self.recipe)
+        aug, source = self.config, geometry.partners_from
+        return RecipeShape(self.image_size, geometry.train_side, geometry.val_side,
+                           partner_window=int(aug["partner_window"]) if source == "window" else 0,
                            partner_pool=aug.get("partner_pool") or 0, partners_from=source,
-                           preset_grouping=REFERENCE_GROUPING if reference else None, square_outputs=self.is_a(Mosaic),
-                           working_bytes=built.working_bytes() if built is not None else 0)
+                           preset_grouping=geometry.preset_grouping, square_outputs=geometry.square_outputs,
+                           working_bytes=geometry.working_bytes)
 
     @cached_property
     def recipe(self):

@@ -119,6 +119,11 @@ class Mosaic(Recipe):
             when ``partners`` is ``window`` (the command line's ``augment.partner_pool=8``).
     """
 
+    @classmethod
+    def geometry(cls, augment, image_size, build):
+        source = partner_source(augment.get("partners"), augment.get("partner_window"), augment.get("partner_pool"))
+        return super().geometry(augment, image_size, build)._replace(partners_from=source)
+
     def __init__(self, image_size: int, scale: tuple[float, float] = (0.5, 1.5), translate: float = 0.1,
                  hsv: tuple[int, int, int] = (10, 40, 30), flip_p: float = 0.5, mosaic_p: float = 1.0,
                  center_range: tuple[float, float] = (0.3, 0.7), min_box_px: float = 2.0,

@@ -4,7 +4,7 @@ can size batches from a recipe without importing torch or albumentations."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import cv2
 import numpy as np
@@ -47,6 +47,21 @@ def to_original(orig_hw: tuple[int, int], read_scale: float, scale: float | tupl
     return np.array([*orig_hw, read_scale * sy, read_scale * sx], dtype=np.float32)
 
 
+class Geometry(NamedTuple):
+    """What the loader plan needs of a recipe, answered by its class (:meth:`Recipe.geometry`):
+    the largest image side of a train and of a val sample, a worker's largest intermediate in
+    bytes, whether every output is one ``image_size`` square (aspect-ratio grouping is then
+    moot), where mosaic's partners come from (None: no partners) and the grouping
+    ``loader.group_aspect_ratio=preset`` means (None: off)."""
+
+    train_side: int
+    val_side: int
+    working_bytes: int = 0
+    square_outputs: bool = False
+    partners_from: str | None = None
+    preset_grouping: int | None = None
+
+
 class Recipe:
     """A named transform over one sample and the partner samples it asked for.
 
@@ -59,6 +74,20 @@ class Recipe:
     partner_window = 0  # partners come from this many positions of the epoch order before the sample (0: no window)
     min_box_side = 1.0  # boxes narrower or lower than this after clipping to the stored image are dropped
     keep_empty: bool | str = True  # what dataset.keep_empty=null means for this recipe's train split
+    resizes_as_model = False  # the loader resizes as the model's transform would, so the model does not
+
+    @classmethod
+    def sizes_from_model(cls, detector: dict | None) -> tuple[int, int] | None:
+        """What this recipe needs of the chosen model (``model.detector``) to be built: its
+        resize's sizes, passed as ``model_sizes``; None: nothing."""
+        return None
+
+    @classmethod
+    def geometry(cls, augment: dict, image_size: int, build: Callable[[], "Recipe"]) -> Geometry:
+        """The plan's questions, answered from the augment keys; ``build`` makes the train recipe
+        where the answer depends on it (the letterbox family answers without: building it
+        imports albumentations, which ``mode=plan`` avoids)."""
+        return Geometry(image_size, image_size, square_outputs=True)
 
     def __init__(self, image_size: int):
         self.image_size = image_size

@@ -21,8 +21,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from cocodet.transforms import model_resize
 from cocodet.transforms.model_resize import largest_hw, resized_hw
-from cocodet.transforms.recipe import Raw, Recipe, Sample, hflip
+from cocodet.transforms.recipe import Geometry, Raw, Recipe, Sample, hflip
+
+# Every torchvision reference recipe's --aspect-ratio-group-factor: what loader.group_aspect_ratio=preset
+# means for a reference preset (off for the other families).
+REFERENCE_GROUPING = 3
 
 
 def resize_uint8(image: np.ndarray, hw: tuple[int, int], antialias: bool) -> np.ndarray:
@@ -59,6 +64,19 @@ class ReferencePreset(Recipe):
 
     min_box_side = 0.0
     keep_empty = "reference"
+    resizes_as_model = True
+
+    @classmethod
+    def sizes_from_model(cls, detector):
+        # Looked up on the module when asked: the output-parity tests plant a size fault there.
+        return model_resize.builder_sizes(str(detector["name"]), detector.get("min_size"), detector.get("max_size"))
+
+    @classmethod
+    def geometry(cls, augment, image_size, build):
+        """Built: the sides come from the model's resize, and outputs vary in size."""
+        built = build()
+        return Geometry(max(built.largest_hw()), max(built.eval_recipe().largest_hw()), built.working_bytes(),
+                        preset_grouping=REFERENCE_GROUPING)
 
     def __init__(self, image_size: int, model_sizes: tuple[int, int], flip_p: float = 0.5):
         super().__init__(image_size)

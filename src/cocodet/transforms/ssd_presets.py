@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cocodet.transforms import model_resize
 from cocodet.transforms.recipe import Raw, Sample
 from cocodet.transforms.reference_presets import ReferencePreset, resize_uint8, scale_boxes
 
@@ -44,6 +45,10 @@ def _u(rng) -> np.float32:
 class FixedResize(ReferencePreset):
     """An SSD model's evaluation resize: the whole image to size x size, no aspect ratio kept
     (validation, ``mode=eval``, ``mode=predict``, exported models)."""
+
+    @classmethod
+    def sizes_from_model(cls, detector):
+        return model_resize.fixed_sizes(str(detector["name"]))  # on the module when asked (as builder_sizes)
 
     def __init__(self, image_size: int, model_sizes: tuple[int, int]):
         super().__init__(image_size, model_sizes, flip_p=0.0)
