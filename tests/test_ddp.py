@@ -20,7 +20,7 @@ import pytest
 from conftest import NARROW_MODEL, REPO, run_train
 from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
 from cocodet.loader.policy import plan_loader
-from cocodet.models.detector import merge_rank_detections
+from cocodet.models.validation import merge_rank_detections
 from test_policy import host
 
 DROPPED_IMAGES = 1  # 79 of coco_tiny's 80 per split: an odd count, so 2 ranks need one padded repeat

@@ -31,7 +31,7 @@ from cocodet.loader.epoch_sampler import EpochSampler
 from cocodet.storage.store import is_file, is_remote, listing, read_bytes
 from cocodet.loader.flat_batch import restore, to_device
 from cocodet.loader.build import build_loader
-from cocodet.models.evaluation import detections_to_coco, to_original_frame
+from cocodet.models.evaluation import coco_results, kept_detections
 from cocodet.sample import make_sample
 
 log = logging.getLogger(__name__)
@@ -148,14 +148,10 @@ def predict(module, datamodule, plan, *, source: str, score_threshold: float, dr
                 image_id = int(target["image_id"])
                 if image_id < 0:
                     continue
-                keep = ((out["labels"] > 0) & (out["scores"] >= score_threshold)).cpu().numpy()
-                boxes_in = out["boxes"].float().cpu().numpy()[keep]
-                boxes = to_original_frame(boxes_in, target["to_original"].cpu().numpy())
-                scores = out["scores"].float().cpu().numpy()[keep]
-                category_ids = module.category_ids[out["labels"].cpu().numpy()[keep] - 1]
-                results.extend(detections_to_coco(image_id, boxes, scores, category_ids))
+                results.extend(coco_results(out, target, module.category_ids, score_threshold))
                 if draw:
-                    _draw(image, boxes_in, scores, category_ids, names, draw_dir / f"{PurePosixPath(file_of[image_id]).stem}.png")
+                    _draw(image, *kept_detections(out, module.category_ids, score_threshold), names,
+                          draw_dir / f"{PurePosixPath(file_of[image_id]).stem}.png")
             bar.update(len(images))
     with open(run_dir / "predictions.json", "w") as f:
         json.dump(results, f)

@@ -1,4 +1,5 @@
-"""The detector LightningModule: torchvision model, COCO evaluation each validation epoch."""
+"""The detector LightningModule: torchvision model, its training steps (the health check's skips and
+stops), schedule and checkpoint state; its validation is ``models/validation.py``'s."""
 
 from __future__ import annotations
 
@@ -7,22 +8,21 @@ import math
 from functools import partial
 
 import lightning as L
-import numpy as np
 import torch
 
 from cocodet import schema
-from cocodet.models.evaluation import (ALL_STAT_NAMES, DEFAULT_BACKEND, detections_to_coco, evaluate, load_ground_truth,
-                                      to_original_frame)
 from cocodet.errors import TrainingStopped
-from cocodet.models.health import HealthConfig, StepHealth, agree, confident_count, sample_keys
+from cocodet.models.evaluation import DEFAULT_BACKEND
+from cocodet.models.health import HealthConfig, StepHealth, agree, sample_keys
 from cocodet.models.skipped_step import BufferSnapshot, drop_gradients, gradient_norm, gradients_finite
+from cocodet.models.validation import CocoValidation
 
 log = logging.getLogger(__name__)
 
 RUN_CONFIG_KEY = "cocodet_config"  # a checkpoint's copy of the groups its run was built from (plain values)
 
 
-class DetectorModule(L.LightningModule):
+class DetectorModule(CocoValidation, L.LightningModule):
     """Trains a torchvision detector on restored batches ``(images, targets)``.
 
     Args:
@@ -56,22 +56,12 @@ class DetectorModule(L.LightningModule):
         super().__init__()
         # The dataset, model and augment groups this run was built from (plain values; set by the
         # wiring, which has them): kept in every checkpoint under RUN_CONFIG_KEY, so that
-        # mode=eval|predict|export can read them back (run_spec/trained_config.py).
+        # mode=eval|predict|export can read them back (run_spec/read.py).
         self.run_config: dict | None = None
         self.model = detector(num_classes=len(category_ids) + 1, image_size=image_size, loader_resizes=loader_resizes)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.scheduler_interval = scheduler_interval
-        self.val_ann_file = val_ann_file
-        self.eval_max_images = eval_max_images
-        self.eval_backend = schema.check("model.eval_backend", eval_backend)
-        self.category_ids = np.asarray(category_ids, dtype=np.int64)
-        self._gt = None
-        self._by_image: dict[int, list[dict]] = {}  # this rank's detections of each val image
-        self.last_metrics: dict[str, float] = {}
-        self.val_images_evaluated = 0  # distinct images in the last COCOeval (padded repeats removed)
-        self.val_repeats_removed = 0
-        self.last_coco_eval = None  # the last validation's COCOeval (mode=eval's tables and plot)
-        self.last_detections: dict[int, list[dict]] = {}  # rank 0: every rank's, by image (prediction grid)
+        self.init_validation(val_ann_file, category_ids, eval_max_images, eval_backend)
         self._resume_position: int | None = None
         self.health = StepHealth(HealthConfig(**dict(health or {})))
         self.ema_decay = schema.check("model.ema.decay", dict(ema or {}).get("decay"))
@@ -189,70 +179,9 @@ class DetectorModule(L.LightningModule):
         if self.run_config is not None:
             checkpoint[RUN_CONFIG_KEY] = self.run_config
 
-    def on_validation_epoch_start(self):
-        self._by_image = {}
-
-    def validation_step(self, batch, batch_idx):
-        images, targets = batch
-        if self.eval_max_images is not None and len(self._by_image) >= self.eval_max_images:
-            return
-        room = None if self.eval_max_images is None else self.eval_max_images - len(self._by_image)
-        images, targets = images[:room], targets[:room]
-        outputs = self.model(images)
-        for out, target in zip(outputs, targets):
-            # FCOS/RetinaNet score label 0 too; it is background here and has no COCO id.
-            keep = (out["labels"] > 0).cpu().numpy()
-            boxes = to_original_frame(out["boxes"].float().cpu().numpy()[keep], target["to_original"].cpu().numpy())
-            labels = out["labels"].cpu().numpy()[keep]
-            image_id = int(target["image_id"])
-            # A rank's share is padded by repeating images (DistributedSampler's rule) when the
-            # split does not divide by the rank count; an image counts once.
-            self._by_image.setdefault(image_id, detections_to_coco(
-                image_id, boxes, out["scores"].float().cpu().numpy()[keep], self.category_ids[labels - 1]))
-
     def warmup_end(self) -> int:
         """The optimizer step at which the schedule's warm-up ends (0 without a schedule)."""
         return self._warmup_end
-
-    def on_validation_epoch_end(self):
-        """COCOeval once, on rank 0, over every rank's detections with padded repeats removed;
-        its numbers are broadcast, so every rank logs (and selects checkpoints by) the same."""
-        world = self.trainer.world_size
-        shares = [self._by_image]
-        if world > 1:
-            shares = [None] * world if self.trainer.is_global_zero else None
-            torch.distributed.gather_object(self._by_image, shares, dst=0)
-        outcome = None  # (stats, images evaluated, padded repeats removed), from rank 0
-        if self.trainer.is_global_zero:
-            by_image, repeats = merge_rank_detections(shares)
-            self.last_detections = by_image
-            if self._gt is None:
-                self._gt = load_ground_truth(self.val_ann_file, self.eval_backend)
-            results = [r for detections in by_image.values() for r in detections]
-            stats = evaluate(self._gt, results, list(by_image), backend=self.eval_backend)
-            self.last_coco_eval = stats.pop("coco_eval")
-            report = stats.pop("report", "")
-            confident = confident_count(results, self.health.config.score_threshold)
-            outcome = (stats, len(by_image), repeats, confident)
-            if not self.trainer.sanity_checking:
-                log.info("COCOeval (epoch %d, %d images%s, %d detections, %d scoring >= %g; %s backend):\n%s",
-                         self.current_epoch, len(by_image), f", {repeats} padded repeats removed" if repeats else "",
-                         len(results), confident, self.health.config.score_threshold, self.eval_backend, report)
-        if world > 1:
-            box = [outcome]
-            torch.distributed.broadcast_object_list(box, src=0)
-            outcome = box[0]
-        stats, self.val_images_evaluated, self.val_repeats_removed, confident = outcome
-        if not self.trainer.sanity_checking:
-            self.last_metrics = stats
-        # Identical on every rank: "max" reduces them to the same value exactly.
-        self.log_dict({f"val/{k}": stats[k] for k in ALL_STAT_NAMES if k != "map50"}, sync_dist=world > 1, reduce_fx="max")
-        self.log("val/map50", stats["map50"], prog_bar=True, sync_dist=world > 1, reduce_fx="max")
-        self.log("val/confident_predictions", float(confident), sync_dist=world > 1, reduce_fx="max")
-        if not self.trainer.sanity_checking and self.trainer.state.fn == "fit":  # a run's validation, not mode=eval
-            self.health.watch_predictions(confident, self.global_step, self.warmup_end())
-            if self.health.stop_reason is not None:  # the same verdict on every rank (broadcast outcome)
-                raise TrainingStopped(self.health.stop_reason, "collapsed")
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # A schedule sized to the run's length (OneCycle total_steps, cosine T_max) is rebuilt for
@@ -280,18 +209,3 @@ class DetectorModule(L.LightningModule):
             return built.optimizer
         return {"optimizer": built.optimizer, "lr_scheduler": {"scheduler": built.scheduler,
                                                                "interval": self.scheduler_interval}}
-
-
-def merge_rank_detections(shares: list[dict[int, list[dict]]]) -> tuple[dict[int, list[dict]], int]:
-    """One entry per image from every rank's ``{image_id: detections}``, the lowest rank's
-    first (a padded repeat of an image is the same image through the same weights), and the
-    number of repeats dropped."""
-    merged: dict[int, list[dict]] = {}
-    repeats = 0
-    for share in shares:
-        for image_id, detections in share.items():
-            if image_id in merged:
-                repeats += 1
-            else:
-                merged[image_id] = detections
-    return merged, repeats

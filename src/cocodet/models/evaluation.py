@@ -83,6 +83,32 @@ def detections_to_coco(image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray
     ]
 
 
+def coco_results(output: dict, target: dict, category_ids: np.ndarray,
+                 score_threshold: float | None = None) -> list[dict]:
+    """One image's detections as COCO results, for validation and ``mode=predict`` alike: the
+    model's ``output`` (boxes, scores, labels 1..K) kept at ``score_threshold`` (None: all),
+    boxes mapped back to the stored image by ``target["to_original"]``, labels to the original
+    ``category_ids`` (of labels 1..K)."""
+    boxes, scores, categories = kept_detections(output, category_ids, score_threshold)
+    image_id = int(target["image_id"])
+    return detections_to_coco(image_id, to_original_frame(boxes, target["to_original"].cpu().numpy()), scores,
+                              categories)
+
+
+def kept_detections(output: dict, category_ids: np.ndarray,
+                    score_threshold: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An output's (boxes in the model's input frame, scores, original category ids), label 0
+    dropped (FCOS and RetinaNet score it too; it is background here and has no COCO id) and,
+    with ``score_threshold``, the detections scoring below it."""
+    keep = output["labels"] > 0
+    if score_threshold is not None:
+        keep = keep & (output["scores"] >= score_threshold)
+    keep = keep.cpu().numpy()
+    labels = output["labels"].cpu().numpy()[keep]
+    return (output["boxes"].float().cpu().numpy()[keep], output["scores"].float().cpu().numpy()[keep],
+            category_ids[labels - 1])
+
+
 def evaluate(gt, results: list[dict], image_ids: list[int] | None = None,
              backend: str = DEFAULT_BACKEND) -> dict[str, float]:
     """Run COCOeval (bbox) with ``backend`` (``gt`` loaded by the same one) and return the twelve
