@@ -11,7 +11,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
-from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests, redact
+from cocodet.credentials import redact
+from cocodet.tracking.guard import GuardedClient, bound_requests
+from cocodet.tracking.unsent import UNSENT_NAME
 from cocodet.tracking.run_record import end_tags, flat_params, start_tags, summary_metrics
 from cocodet.tracking.store import artifact_root, checkout_dir
 from cocodet.tracking.sweep import sweep_parent_id

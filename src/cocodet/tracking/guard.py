@@ -14,7 +14,6 @@ run never created, a read), is in ``<run>/mlflow_unsent.jsonl``, one JSON object
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -24,18 +23,15 @@ from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
-from cocodet.credentials import redact  # noqa: F401  (re-exported for tracking's modules)
+from cocodet.credentials import redact
+from cocodet.tracking.unsent import UnsentCalls
+from cocodet.tracking.upload import UploadTooSlow, upload_within
 
 log = logging.getLogger(__name__)
 
-UNSENT_NAME = "mlflow_unsent.jsonl"
 RETRY_FIRST_S, RETRY_CAP_S = 2.0, 30.0  # the background retry's back-off during an outage
 # Calls that write to a run already created: kept in order and sent once the server answers.
 QUEUED_CALLS = ("log_batch", "log_text", "log_artifact", "set_terminated")
-
-
-class UploadTooSlow(Exception):
-    """An artifact upload that did not finish within its bound: not an outage, but not sent."""
 
 
 def bound_requests(timeout_s: int, max_retries: int) -> None:
@@ -53,7 +49,7 @@ class GuardedClient:
 
     def __init__(self, tracking_uri: str, unsent_path: str | Path):
         self.tracking_uri = tracking_uri
-        self.unsent_path = Path(unsent_path)
+        self._unsent = UnsentCalls(Path(unsent_path))
         self.failure: str | None = None  # the current outage's first failure, in one line (None: in contact)
         self.outages = 0       # outages met in this run
         self.sent_late = 0     # calls the background retry sent after an outage
@@ -61,9 +57,7 @@ class GuardedClient:
         self._deadline: float | None = None
         self._uploads_within: float | None = None
         self._budget, self._timeout = 0.0, 120
-        self._records: list[dict] = []  # every call written to unsent_path, with its "seq"
         self._pending: deque = deque()  # (seq, method, args, kwargs) queued for the retry, in call order
-        self._sent: set[int] = set()   # seqs of queued calls sent since
         self._lock = threading.Lock()       # the outage state and the queue
         self._sending = threading.Lock()    # one sender of the queue at a time (the retry or the close)
         self._stop = threading.Event()
@@ -99,9 +93,13 @@ class GuardedClient:
         return self.failure is None
 
     @property
+    def unsent_path(self) -> Path:
+        return self._unsent.path
+
+    @property
     def unsent(self) -> int:
         """Calls not sent (so far): written to ``unsent_path`` and not sent late since."""
-        return sum(1 for r in self._records if r["seq"] not in self._sent)
+        return self._unsent.count
 
     def call(self, method: str, *args, keep: dict | None = None, answers: tuple[str, ...] = (), **kwargs):
         """``MlflowClient.<method>(*args, **kwargs)``; None when it was not made or failed, and
@@ -134,30 +132,8 @@ class GuardedClient:
             remaining = max(1, math.ceil(self._deadline - time.monotonic()))
             os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(min(remaining, self._timeout))
         if method == "log_artifact" and self._uploads_within is not None:
-            return self._bounded_upload(args, kwargs)
+            return upload_within(self.client, args, kwargs, self._deadline, self._uploads_within, self.unsent_path)
         return getattr(self.client, method)(*args, **kwargs)
-
-    def _bounded_upload(self, args: tuple, kwargs: dict):
-        """An upload (a checkpoint: 100-300 MB) has per-socket timeouts only: here it has a
-        whole bound, what is left of the uploads' budget; one that does not finish is listed
-        as unsent (it may still finish in the background before the process ends)."""
-        box: dict = {}
-
-        def upload():
-            try:
-                box["value"] = self.client.log_artifact(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - handed to the caller below
-                box["error"] = e
-
-        thread = threading.Thread(target=upload, daemon=True, name="cocodet-mlflow-upload")
-        thread.start()
-        thread.join(max(0.0, self._deadline - time.monotonic()) if self._deadline is not None else None)
-        if thread.is_alive():
-            raise UploadTooSlow(f"uploading {args[1]} did not finish within logger.mlflow.artifacts_within_s="
-                                f"{self._uploads_within:g} s; it is listed in {self.unsent_path}")
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
 
     def _outage(self, reason: str, method: str) -> None:
         with self._lock:
@@ -172,15 +148,7 @@ class GuardedClient:
     def _hold(self, method: str, args: tuple, kwargs: dict, keep: dict | None, queue: bool = True) -> None:
         """Under the lock: keep the call in the unsent file; queue it for the retry when it
         writes to a known run."""
-        seq = len(self._records)
-        record = {"seq": seq, "call": method, "time": round(time.time(), 3), **(keep or {})}
-        self._records.append(record)
-        try:
-            self.unsent_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.unsent_path.open("a") as f:
-                f.write(redact(json.dumps(record, default=str)) + "\n")
-        except OSError as e:  # a full disk: the count still says something was not sent
-            log.debug("MLflow: %s not written (%s)", self.unsent_path, e)
+        seq = self._unsent.add(method, keep)
         if queue and method in QUEUED_CALLS and (keep or {}).get("run_id") and not self._stop.is_set():
             self._pending.append((seq, method, args, kwargs))
             if self._retry is None:
@@ -213,7 +181,7 @@ class GuardedClient:
                 log.debug("MLflow: still failing (%s)", e)
                 return False
             else:
-                self._sent.add(seq)
+                self._unsent.sent(seq)
                 self.sent_late += 1
             with self._lock:
                 self._pending.popleft()
@@ -273,18 +241,7 @@ class GuardedClient:
         """The run is over: no more retries, and the unsent file holds exactly the calls not
         sent (removed when every one was sent late)."""
         self._stop.set()
-        if not self._records:
-            return
-        left = [r for r in self._records if r["seq"] not in self._sent]
-        try:
-            if left:
-                tmp = self.unsent_path.with_name(self.unsent_path.name + ".tmp")
-                tmp.write_text("".join(redact(json.dumps(r, default=str)) + "\n" for r in left))
-                os.replace(tmp, self.unsent_path)
-            else:
-                self.unsent_path.unlink(missing_ok=True)
-        except OSError as e:
-            log.debug("MLflow: %s not rewritten (%s)", self.unsent_path, e)
+        self._unsent.rewrite()
 
     def summary(self) -> dict:
         return {"unsent": self.unsent, "unsent_file": str(self.unsent_path) if self.unsent else None,

@@ -16,10 +16,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests, redact
+from cocodet.credentials import redact
+from cocodet.tracking.guard import GuardedClient, bound_requests
 from cocodet.tracking.run_record import end_tags
 from cocodet.tracking.store import artifact_root
 from cocodet.tracking.tracked_run import TrackedRun
+from cocodet.tracking.unsent import UNSENT_NAME
 
 CHECKPOINT_KEY = "mlflow_run_id"
 

@@ -19,8 +19,9 @@ import os
 import time
 from pathlib import Path
 
+from cocodet.credentials import redact
 from cocodet.errors import UserError
-from cocodet.tracking.guard import UNSENT_NAME, redact
+from cocodet.tracking.unsent import UNSENT_NAME
 
 
 def replay(run_dir: str | Path, tracking_uri: str | None = None) -> dict:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from cocodet.credentials import is_credential
-from cocodet.tracking.guard import redact
+from cocodet.credentials import is_credential, redact
 
 # How each summary status ends the MLflow run (errors.RUN_STATUSES): a run stopped from outside
 # (a preemption, a store that went away) can be resumed, so KILLED; the run's own failures FAILED.

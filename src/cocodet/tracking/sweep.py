@@ -16,8 +16,10 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from cocodet.tracking.guard import UNSENT_NAME, GuardedClient, bound_requests, redact
+from cocodet.credentials import redact
+from cocodet.tracking.guard import GuardedClient, bound_requests
 from cocodet.tracking.store import artifact_root, register_resolvers
+from cocodet.tracking.unsent import UNSENT_NAME
 
 log = logging.getLogger(__name__)
 
