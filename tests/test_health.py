@@ -13,7 +13,8 @@ import torch
 
 from conftest import NARROW_MODEL, REPO, run_in_process, run_train, synthetic_overrides
 from cocodet.models.ema import ramped_ema
-from cocodet.models.health import HealthConfig, StepHealth, confident_count, nonfinite_tensors
+from cocodet.models.checkpoint_io import nonfinite_tensors
+from cocodet.models.health import HealthConfig, StepHealth, confident_count
 
 ENV = {"PYTHONPATH": str(REPO / "tests")}
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import NARROW_MODEL, REPO, run_in_process, run_train, synthetic_overrides
-from cocodet.models.health import nonfinite_tensors
+from cocodet.models.checkpoint_io import nonfinite_tensors
 
 ENV = {"PYTHONPATH": str(REPO / "tests")}
 

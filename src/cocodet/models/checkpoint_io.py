@@ -21,7 +21,6 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from cocodet.errors import DiskFull
-from cocodet.models.health import nonfinite_tensors
 from cocodet.units import mib
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -93,3 +92,19 @@ def disk_full_message(target: Path) -> str:
             f"of {mib(usage.total)}); {kept}. Free space there or point the checkpoint callbacks' dirpath "
             "(callbacks.last_checkpoint.dirpath, callbacks.model_checkpoint.dirpath) at a larger disk, then resume "
             "with ckpt_path=<that folder>/last.ckpt")
+
+
+def nonfinite_tensors(state: dict) -> list[str]:
+    """The names of the floating tensors in a (nested) state that are not finite."""
+    bad: list[str] = []
+
+    def visit(prefix: str, value) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                bad.append(prefix)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                visit(f"{prefix}.{k}" if prefix else str(k), v)
+
+    visit("", state)
+    return bad

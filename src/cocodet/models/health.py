@@ -223,40 +223,8 @@ def agree(flags: list[bool], device: torch.device) -> list[bool]:
     return [bool(v) for v in tensor.tolist()]
 
 
-def warmup_end_step(scheduler, factory_keywords: dict) -> int:
-    """The optimizer step at which the schedule cocodet built ends its warm-up, from what it
-    was built with: OneCycle's ``pct_start`` share of ``total_steps`` (its rise), the reference
-    schedule's own ``warmup_steps``, a LinearLR ramp's ``total_iters``; 0 for a schedule
-    without one. ``factory_keywords``: the arguments the scheduler was built with (config and
-    run length), with the class's defaults for those left out."""
-    if "pct_start" in factory_keywords and "total_steps" in factory_keywords:
-        # OneCycle peaks at step pct_start x total_steps - 1 (torch's phase end).
-        return int(math.ceil(float(factory_keywords["pct_start"]) * int(factory_keywords["total_steps"]) - 1))
-    if hasattr(scheduler, "warmup_steps"):
-        return int(scheduler.warmup_steps)
-    if isinstance(scheduler, torch.optim.lr_scheduler.LinearLR):
-        return int(scheduler.total_iters)
-    return 0
-
-
 def confident_count(detections: list[dict], threshold: float) -> int:
     """COCO results (``bbox`` x, y, w, h in the original frame) scoring at least ``threshold``
     with a box at least 1 px wide and high: FCOS keeps zero-area boxes, so a collapsed model
     can still score."""
     return sum(1 for d in detections if d["score"] >= threshold and d["bbox"][2] >= 1 and d["bbox"][3] >= 1)
-
-
-def nonfinite_tensors(state: dict) -> list[str]:
-    """The names of the floating tensors in a (nested) state that are not finite."""
-    bad: list[str] = []
-
-    def visit(prefix: str, value) -> None:
-        if isinstance(value, torch.Tensor):
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                bad.append(prefix)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                visit(f"{prefix}.{k}" if prefix else str(k), v)
-
-    visit("", state)
-    return bad

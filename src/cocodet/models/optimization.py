@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 
 from cocodet.errors import ConfigError
-from cocodet.models.health import warmup_end_step
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +88,19 @@ def refuse_clipping_a_fused_optimizer(optimizer: torch.optim.Optimizer, trainer)
             f"cannot be clipped first (trainer.gradient_clip_val={clip:g}, trainer.precision="
             f"{trainer.precision}): set trainer.gradient_clip_val=0 to keep the fused optimizer, or drop "
             "model.optimizer.fused")
+
+
+def warmup_end_step(scheduler, factory_keywords: dict) -> int:
+    """The optimizer step at which the schedule cocodet built ends its warm-up, from what it
+    was built with: OneCycle's ``pct_start`` share of ``total_steps`` (its rise), the reference
+    schedule's own ``warmup_steps``, a LinearLR ramp's ``total_iters``; 0 for a schedule
+    without one. ``factory_keywords``: the arguments the scheduler was built with (config and
+    run length), with the class's defaults for those left out."""
+    if "pct_start" in factory_keywords and "total_steps" in factory_keywords:
+        # OneCycle peaks at step pct_start x total_steps - 1 (torch's phase end).
+        return int(math.ceil(float(factory_keywords["pct_start"]) * int(factory_keywords["total_steps"]) - 1))
+    if hasattr(scheduler, "warmup_steps"):
+        return int(scheduler.warmup_steps)
+    if isinstance(scheduler, torch.optim.lr_scheduler.LinearLR):
+        return int(scheduler.total_iters)
+    return 0

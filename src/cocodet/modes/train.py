@@ -19,8 +19,8 @@ from cocodet.errors import RunStopped, TrainingStopped, UnusableModel
 from cocodet.loader.diagnose import explained_loader_failures
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.models.checkpoint_file import load_checkpoint
+from cocodet.models.checkpoint_io import nonfinite_tensors
 from cocodet.models.evaluation import STAT_NAMES
-from cocodet.models.health import nonfinite_tensors
 from cocodet.models.prediction_grid import PredictionGrid
 from cocodet.models.preemption import PreemptionCheckpoint
 from cocodet.models.zoo import seed_model_init
