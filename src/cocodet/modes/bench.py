@@ -1,70 +1,33 @@
 """mode=bench: the configured loader (or a controlled producer) through the harness; the one
-place that imports ``cocodet.bench`` (its harness, producers and padding)."""
+place that imports ``cocodet.bench`` (its harness, producers, decode cost, model step and
+padding)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
 import torch
 
+from cocodet.bench.decode_cost import decode_bounds, decode_probe
 from cocodet.bench.harness import PeakSampler, calibrate_spin, measure
+from cocodet.bench.model_step import model_step, preloaded
 from cocodet.bench.producers import CostDataset, make_consumer
 from cocodet.datamodule import CocoDataModule
-from cocodet.images.decode import decode_checked
 from cocodet.loader.build import build_loader
 from cocodet.loader.epoch_sampler import EpochSampler
-from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, restore, to_device, update_digest
+from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, to_device, update_digest
 from cocodet.loader.plan_record import LoaderPlan
 from cocodet.modes.wiring import build_datamodule, build_module
 from cocodet.run_spec.records import RunSpec
-from cocodet.storage.store import read_bytes
 from cocodet.timing.measurement import Measurement
 from cocodet.timing.transfer import TransferTimer
 from cocodet.timing.workers import worker_memory
 
 log = logging.getLogger(__name__)
-
-
-def decode_probe(datamodule: CocoDataModule, images: int) -> float | None:
-    """Milliseconds one core takes to decode one of the dataset's own files at full resolution.
-
-    Files are read first, so only the decode (and the colour conversion the loader does) is
-    timed; a file that fails to decode costs nothing and is left out.
-    """
-    index, max_pixels = datamodule.train_index, datamodule.max_image_pixels
-    blobs = []
-    for k in range(min(images, len(index))):
-        try:
-            blobs.append((read_bytes(str(index.paths[k])), (int(index.sizes[k][0]), int(index.sizes[k][1]))))
-        except OSError:
-            continue
-    times = []
-    for data, annotated_hw in blobs:
-        best = None
-        for _ in range(3):  # the fastest of three: the cost on a core nothing else is using
-            t0 = time.perf_counter()
-            try:  # guarded like the loader's decode: a file it would refuse is refused here, undecoded
-                decode_checked(data, annotated_hw, max_pixels)
-            except ValueError:
-                break
-            best = min(best or 1e9, time.perf_counter() - t0)
-        if best is not None:
-            times.append(best)
-    return 1000.0 * float(np.median(times)) if times else None
-
-
-def decode_bounds(decode_ms: float, cpus: int, decodes_per_sample: float) -> dict:
-    """Samples/s that full-resolution JPEG decoding alone allows on ``cpus`` cores: at the
-    decodes per sample measured (None when nothing was decoded: a pixel cache), and for a
-    naive 4-decode mosaic whatever the loader does (the reference the speed issues use)."""
-    return {"decode_ms_per_image": round(decode_ms, 3),
-            "decode_bound": round(cpus * 1000.0 / (decode_ms * decodes_per_sample), 1) if decodes_per_sample else None,
-            "decode_bound_4": round(cpus * 1000.0 / (decode_ms * 4), 1)}
 
 
 def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, work_ms: float, batches: int | None,
@@ -88,7 +51,7 @@ def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, wo
     timer = TransferTimer()
     consume = _timed_transfer(make_consumer(consumer, work_ms, iters_per_ms, train_step), device, timer, preload)
     if preload:
-        loader = _preloaded(loader, device, warmup + (batches or len(loader)))
+        loader = preloaded(loader, device, warmup + (batches or len(loader)))
     books = _Bookkeeping(digest_batches, datamodule.bad_samples if producer == "dataset" else None)
     m = Measurement()
     per_epoch = []
@@ -201,50 +164,6 @@ def _epoch_row(epoch: int, m: Measurement, before: int, workers: list) -> dict:
             "examples_per_s": round(float(np.sum(m.examples[before:])) / seconds, 3) if seconds > 0 else None,
             "worker_rss_mb": round(np.mean([mem.rss for mem in workers]) / 2**20, 1) if workers else None,
             "worker_uss_mb": round(np.mean([mem.uss for mem in workers]) / 2**20, 1) if workers else None}
-
-
-def model_step(module, device: torch.device, precision: str) -> Callable:
-    """The configured DetectorModule's detector and ``configure_optimizers`` (restore, forward
-    with the training losses, backward, optimizer step) on a batch already on ``device``, under
-    the run's mixed precision; without a Trainer, so the loader is what the bench measures."""
-    module = module.to(device)
-    module.train()
-    optimizers = module.configure_optimizers()
-    optimizer = optimizers["optimizer"] if isinstance(optimizers, dict) else optimizers
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-    autocast = device.type == "cuda" and dtype is not None
-    scaler = torch.amp.GradScaler("cuda", enabled=autocast and dtype == torch.float16)
-    def step(batch: FlatBatch) -> None:
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=autocast):
-            loss = sum(module.model(*restore(batch)).values())
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
-    return step
-
-
-class PreloadedBatches(list):
-    """Batches already on the device, measured as a loader is (its epochs are the same list)."""
-
-    def set_epoch(self, epoch: int) -> None:
-        pass
-
-
-def _preloaded(loader, device: torch.device, count: int) -> PreloadedBatches:
-    """``count`` batches from ``loader`` (cycling its epochs), already on ``device``."""
-    batches, epoch = PreloadedBatches(), 0
-    while len(batches) < count:
-        loader.set_epoch(epoch)
-        for batch in loader:
-            batches.append(to_device(batch, device))
-            if len(batches) == count:
-                break
-        epoch += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return batches
 
 
 @contextmanager
