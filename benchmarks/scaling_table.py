@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 
-from cocodet.loader.flat_layout import batch_bytes
-from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-from cocodet.loader.policy import plan_loader
+from cocodet.loader.plan.flat_layout import batch_bytes
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+from cocodet.loader.plan.policy import plan_loader
 from cocodet.units import MiB
-from cocodet.loader.resources import HostResources
+from cocodet.loader.plan.resources import HostResources
 
 
 def host(cores: int, ranks: int, shm_bytes: int, memory_bytes: int) -> HostResources:

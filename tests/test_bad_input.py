@@ -102,9 +102,9 @@ def test_bad_sample_skip_accounts_for_every_sample(kind, ds, tmp_path):
     root, data = ds
     reason = corrupt(kind, root, data)
     ann = write(root, data)
-    from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-    from cocodet.loader.policy import plan_loader
-    from cocodet.loader.resources import probe
+    from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+    from cocodet.loader.plan.policy import plan_loader
+    from cocodet.loader.plan.resources import probe
 
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     dm = CocoDataModule(root=str(root), train_images="images", train_ann=ann.name, val_images="images",

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import NARROW_MODEL, REPO, run_train
-from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-from cocodet.loader.policy import plan_loader
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+from cocodet.loader.plan.policy import plan_loader
 from cocodet.models.validation import merge_rank_detections
 from test_policy import host
 

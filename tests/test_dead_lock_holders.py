@@ -154,7 +154,7 @@ LOCK_CARRYING = {"Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", 
 # The ones cocodet creates on purpose, by the function that creates them, each with what handles
 # a holder's death. torch's own (the DataLoader's index and result queues, its done event, its
 # pin-memory thread's queue) are torch's: its watchdog notices a dead worker (SIGCHLD, the
-# status check of _try_get_data), and loader/worker_shutdown.py ends the others when a worker
+# status check of _try_get_data), and loader/failures/worker_shutdown.py ends the others when a worker
 # died holding the done event's lock.
 ALLOWED = {
     ("shut_down_workers", "Event"): "a fresh done event set by the shutdown itself after a worker died: no worker "
@@ -239,7 +239,7 @@ def test_a_bucket_bench_whose_worker_dies_inside_the_counters_lock_ends_named(co
     semaphore: a hang until loader.timeout, then a shutdown that never returned)."""
     from conftest import run_in_process
     from moto_store import filled_store
-    from cocodet.loader.diagnose import LoaderFailure
+    from cocodet.loader.failures.diagnose import LoaderFailure
     from cocodet.storage import session
 
     KilledWhileCounting.parent, KilledWhileCounting.mark = os.getpid(), str(tmp_path / "killed")

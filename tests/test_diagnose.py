@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cocodet.loader.diagnose import classify
+from cocodet.loader.failures.classify import classify
 
 
 @pytest.mark.parametrize("message, kind", [
@@ -32,10 +32,10 @@ def test_classify_by_words_and_mapping_size(message, kind):
 
 
 def test_segfault_diagnosis_suggests_zero_then_one_worker():
-    from cocodet.loader.diagnose import explain
-    from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-    from cocodet.loader.policy import plan_loader
-    from cocodet.loader.resources import probe
+    from cocodet.loader.failures.diagnose import explain
+    from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+    from cocodet.loader.plan.policy import plan_loader
+    from cocodet.loader.plan.resources import probe
 
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     text = explain(RuntimeError("DataLoader worker (pid 12) is killed by signal: Segmentation fault."), plan)
@@ -43,13 +43,13 @@ def test_segfault_diagnosis_suggests_zero_then_one_worker():
 
 
 def test_a_full_disk_elsewhere_is_named_with_its_free_space_not_blamed_on_shm(tmp_path):
-    from cocodet.loader.diagnose import explain
-    from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-    from cocodet.loader.policy import plan_loader
-    from cocodet.loader.resources import probe
+    from cocodet.loader.failures.diagnose import explain
+    from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+    from cocodet.loader.plan.policy import plan_loader
+    from cocodet.loader.plan.resources import probe
 
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     part = tmp_path / "copies" / "ab12.part"
     text = explain(OSError(28, "No space left on device", str(part)), plan)
-    assert f"the disk holding {part} is full" in text and f"free of" in text and f"at {tmp_path}" in text, text
+    assert f"the disk holding {part} is full" in text and "free of" in text and f"at {tmp_path}" in text, text
     assert "/dev/shm ran out" not in text and "--shm-size" not in text

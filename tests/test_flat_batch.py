@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cocodet.bench.harness import storages_in
 from cocodet.loader.flat_batch import FlatBatch, flatten, restore, unrestore_uint8
-from cocodet.loader.flat_layout import batch_bytes
+from cocodet.loader.plan.flat_layout import batch_bytes
 
 
 def make_sample(rng: np.random.Generator, h: int, w: int, n_boxes: int, image_id: int) -> dict:

@@ -16,9 +16,9 @@ from conftest import REPO
 from cocodet.loader.flat_batch import to_device
 from cocodet.timing.transfer import TransferTimer
 from cocodet.loader.flat_batch import FlatBatch
-from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-from cocodet.loader.policy import plan_loader
-from cocodet.loader.resources import HostResources
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+from cocodet.loader.plan.policy import plan_loader
+from cocodet.loader.plan.resources import HostResources
 from cocodet.models.precision import choose_precision
 
 

@@ -3,7 +3,7 @@ inside functions and under ``TYPE_CHECKING`` included, followed transitively.
 
 How modules are classified: a module inside a package (``cocodet.datasets.index``) belongs to that
 package (``datasets``); a top-level module is a unit of its own: ``errors``, ``sample``, ``ranks``,
-``units``, ``host`` and ``schema`` (the bottom layer), ``config`` (start-up validation),
+``units``, ``host``, ``schema`` and ``window_slot`` (the bottom layer), ``config`` (start-up validation),
 ``datamodule`` (the composition root), ``preview``, ``app`` and ``cli``; ``modes`` is the wiring
 package (one module per mode). The re-export modules that keep old ``_target_`` paths importing
 are exempt, by name.
@@ -48,9 +48,30 @@ OLD_DATASETS_TARGETS = [f"cocodet.coco.{module}.{name}" for module, names in {
     "yolo_labels": ("Labels", "label_path", "read_labels"),
     "yolo_yaml": ("YoloLayout", "resolve", "parent", "find_data_yaml", "read_data_yaml")}.items() for name in names]
 OLD_TARGETS += OLD_DATASETS_TARGETS
+# The loader's public names before it was split into plan/ (no torch) and failures/.
+OLD_LOADER_TARGETS = [f"cocodet.loader.{module}.{name}" for module, names in {
+    "plan_record": ("WorkerCap", "ShmCheck", "Budget", "LoaderDraft", "Window", "LoaderRequest", "RecipeShape",
+                    "BatchGeometry", "LoaderPlan"),
+    "plan_table": ("shm_split_text", "side_text", "plan_table"),
+    "plan_reasons": ("explain", "shm_size_for", "cpu_reason", "no_shm_reason", "shm_reason", "in_parts", "in_process",
+                     "memory_reason", "over_cpus", "over_shm", "over_memory", "near_nofile", "near_max_map_count",
+                     "window_note"),
+    "budget": ("shm_budget", "host_budget", "loader_draft", "parts_that_fit", "memory_limit", "worker_memory",
+               "inflight_fds", "explicit_part_images", "decide_workers", "window_cache", "finished_plan"),
+    "policy": ("plan_loader",), "pod_requests": ("pod_requests", "pod_requests_text"),
+    "resources": ("HostResources", "shm_space", "probe", "raise_nofile_limit"),
+    "window_plan": ("slot_pixels", "slot_bytes", "window_slots"), "flat_layout": ("round_up", "batch_bytes", "batch_geometry"),
+    "worker_request": ("loader_request", "worker_request"),
+    "diagnose": ("LoaderFailure", "full_disk_path", "classify", "worker_signals", "failure_kind", "explain",
+                 "explained_loader_failures"),
+    "replan": ("default_on_failure", "next_rung", "describe", "Replanner"),
+    "hang": ("LoaderTimeout", "stacks_dir", "register_stack_dump", "worker_stacks", "watchdog"),
+    "worker_deaths": ("WorkerDied", "dead_worker_error", "fetching"), "worker_shutdown": ("shut_down_workers",),
+    "flat_batch": ("PartJoiner",)}.items() for name in names]
+OLD_TARGETS += OLD_LOADER_TARGETS
 BOTTOM = {"errors", "sample", "ranks"}
 # What each data-side package and the loader may import (besides itself), transitively.
-BELOW = {"errors", "sample", "ranks", "units", "host", "schema"}
+BELOW = {"errors", "sample", "ranks", "units", "host", "schema", "window_slot"}
 ALLOWED = {
     "storage": BELOW,
     "datasets": BELOW | {"storage"},
@@ -173,8 +194,9 @@ def test_no_import_circles_anywhere_in_src():
 
 def test_the_circle_check_catches_a_planted_circle():
     graph = direct_imports()
-    planted = {**graph, "cocodet.loader.budget": graph["cocodet.loader.budget"] | {"cocodet.loader.policy"}}
-    assert any({"cocodet.loader.budget", "cocodet.loader.policy"} <= set(c) for c in import_cycles(planted))
+    budget, policy = "cocodet.loader.plan.budget", "cocodet.loader.plan.policy"
+    planted = {**graph, budget: graph[budget] | {policy}}
+    assert any({budget, policy} <= set(c) for c in import_cycles(planted))
 
 
 def long_modules(root: Path) -> list[str]:
@@ -252,6 +274,18 @@ def test_the_storage_package_imports_neither_torch_nor_cv2(tmp_path):
     assert "torch" in heavy_imports(["planted_storage.store"], tmp_path)
 
 
+def test_the_loader_plan_imports_no_torch_and_holds_what_the_plan_mode_needs(graph):
+    """loader/plan/ is what mode=plan plans with; loader/failures/ and the rest of loader/ may
+    import torch, so the plan mode's own imports of the loader stay inside plan/."""
+    plan = sorted(module_name(p) for p in (SRC / "loader" / "plan").glob("*.py"))
+    assert len(plan) >= 10 and heavy_imports(plan) == set()
+    top = [n.module for n in ast.parse((SRC / "modes" / "plan.py").read_text()).body
+           if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("cocodet.loader")]
+    assert top and all(m.startswith("cocodet.loader.plan.") for m in top), top
+    assert all(d.startswith("cocodet.loader.plan.") for m in plan for d in closure(graph, m, set())
+               if unit(d) == "loader"), "loader/plan/ imports only itself of the loader"
+
+
 def test_bottom_layer_imports_nothing_of_cocodet(graph):
     for name in BOTTOM:
         assert graph[f"cocodet.{name}"] == set()
@@ -305,6 +339,21 @@ def test_each_old_datasets_path_is_mapped_with_one_warning_naming_the_new_path(c
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == len(OLD_DATASETS_TARGETS), lines
     assert all(compat.MOVED_TARGETS[old] in line for old, line in zip(OLD_DATASETS_TARGETS, lines))
+
+
+def test_each_old_loader_path_is_mapped_with_one_warning_naming_the_new_path(caplog):
+    from cocodet import compat
+
+    compat._warned.clear()
+    with caplog.at_level("WARNING", logger="cocodet.compat"):
+        for old in OLD_LOADER_TARGETS:
+            for _ in range(2):
+                tree = {"loader": {"hook": {"_target_": old}}}
+                assert compat.current_targets(tree) == ["loader.hook._target_"], old
+                assert tree["loader"]["hook"]["_target_"] == compat.MOVED_TARGETS[old]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == len(OLD_LOADER_TARGETS), lines
+    assert all(compat.MOVED_TARGETS[old] in line for old, line in zip(OLD_LOADER_TARGETS, lines))
 
 
 def test_a_run_with_an_old_target_path_runs_and_says_the_new_one(tmp_path):

@@ -156,10 +156,10 @@ def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
     """A worker killed mid-epoch ends the loop with the diagnosis, not a bare 'exited unexpectedly'."""
     from cocodet.transforms.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
-    from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
-    from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-    from cocodet.loader.policy import plan_loader
-    from cocodet.loader.resources import probe
+    from cocodet.loader.failures.diagnose import LoaderFailure, explained_loader_failures
+    from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+    from cocodet.loader.plan.policy import plan_loader
+    from cocodet.loader.plan.resources import probe
 
     root = synthetic_root
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(2, 1 << 20), probe(), cuda=False)

@@ -296,9 +296,9 @@ import multiprocessing
 multiprocessing.set_start_method("forkserver", force=True)
 import torch
 from cocodet.storage import store as storage
-from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-from cocodet.loader.policy import plan_loader
-from cocodet.loader.resources import probe
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+from cocodet.loader.plan.policy import plan_loader
+from cocodet.loader.plan.resources import probe
 
 class Counting(torch.utils.data.Dataset):
     def __len__(self):

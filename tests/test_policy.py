@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from cocodet.loader.budget import MAIN_PROCESS_HEADROOM
-from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-from cocodet.loader.policy import plan_loader
+from cocodet.loader.plan.budget import MAIN_PROCESS_HEADROOM
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+from cocodet.loader.plan.policy import plan_loader
 from cocodet.units import MiB
-from cocodet.loader.resources import HostResources
+from cocodet.loader.plan.resources import HostResources
 
 GiB = 1 << 30
 
@@ -37,9 +37,13 @@ def cap(p, name):
 
 
 def test_auto_is_min_cpus_and_batch():
-    assert plan(batch_size=4).num_workers == 4
-    assert plan(batch_size=64).num_workers == 8
-    assert plan().source == "auto" and not any(c.applied for c in plan().caps)
+    """The CPU rule is a cap like the others: recorded with its reason, applied when the batch
+    would want more workers than this rank has CPUs."""
+    small, large = plan(batch_size=4), plan(batch_size=64)
+    assert small.num_workers == 4 and not cap(small, "cpu").applied
+    assert large.num_workers == 8 and cap(large, "cpu").limit == 8 and "8 usable CPUs" in cap(large, "cpu").reason
+    assert large.source == "auto" and [c.name for c in large.caps if c.applied] == ["cpu"]
+    assert "cap cpu" in large.table() and "APPLIED" in large.table()
 
 
 def test_auto_shm_cap_applies_with_reason():
@@ -179,7 +183,7 @@ def test_table_names_every_cap():
 
 
 def request(policy="auto", num_workers=None, overrides=(), environ=None):
-    from cocodet.loader.worker_request import worker_request
+    from cocodet.loader.plan.request import worker_request
 
     return worker_request(policy, num_workers, ["COCODET_NUM_WORKERS", "SLURM_CPUS_PER_TASK"], list(overrides),
                           environ or {})
@@ -204,7 +208,7 @@ def test_worker_request_sources():
 def test_the_plan_sizes_the_window_cache_in_memory_not_in_shm():
     """Window partners: the cache holds the window and the positions in flight, in anonymous
     shared memory (a 64 MB /dev/shm does not shrink it); memory the workers leave caps it."""
-    from cocodet.loader.window_plan import slot_bytes
+    from cocodet.window_slot import slot_bytes
 
     small_shm = host(shm_total_bytes=64 * MiB, shm_free_bytes=64 * MiB)
     p = plan("explicit", 2, batch_size=32, batch_bytes=38 * MiB, res=small_shm, partner_window=48, image_side=640)

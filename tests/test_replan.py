@@ -10,11 +10,11 @@ import signal
 import pytest
 from conftest import NARROW_MODEL, run_in_process, run_train
 from cocodet.loader.flat_batch import chain_stream_digest
-from cocodet.loader.diagnose import LoaderFailure, explained_loader_failures
-from cocodet.loader.plan_record import BatchGeometry, LoaderRequest
-from cocodet.loader.policy import plan_loader
-from cocodet.loader.replan import Replanner, next_rung
-from cocodet.loader.resources import probe
+from cocodet.loader.failures.diagnose import LoaderFailure, explained_loader_failures
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+from cocodet.loader.plan.policy import plan_loader
+from cocodet.loader.failures.replan import Replanner, next_rung
+from cocodet.loader.plan.resources import probe
 from test_loader_faults import coco640, needs_root, shm_namespace
 from test_policy import host
 

@@ -11,7 +11,7 @@ import time
 
 import torch.utils.data
 
-from cocodet.loader.worker_shutdown import shut_down_workers
+from cocodet.loader.failures.worker_shutdown import shut_down_workers
 
 
 def hold(event) -> None:

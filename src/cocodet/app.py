@@ -12,7 +12,7 @@ import importlib
 from omegaconf import DictConfig
 
 from cocodet.errors import RunStopped
-from cocodet.loader.resources import raise_nofile_limit
+from cocodet.loader.plan.resources import raise_nofile_limit
 from cocodet.modes import MODE_TABLE
 from cocodet.modes.wiring import build_plan
 from cocodet.run_spec.read import read_spec

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from cocodet.app import run
 from cocodet.credentials import refused_override
-from cocodet.loader.hang import stacks_dir
+from cocodet.loader.failures.hang import stacks_dir
 
 
 def main(hydra_main) -> None:
@@ -31,7 +31,7 @@ def main(hydra_main) -> None:
             sys.stderr.write(f"error: {reason}\n")
             sys.exit(2)
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing and exiting 1
-    atexit.register(shutil.rmtree, stacks_dir(), True)  # the workers' stack-dump files (loader/hang.py)
+    atexit.register(shutil.rmtree, stacks_dir(), True)  # the workers' stack-dump files (loader/failures/hang.py)
     try:
         hydra_main()
     except (HydraException, OmegaConfBaseException) as e:

@@ -25,9 +25,9 @@ from cocodet.images.verify import verify_indexes
 from cocodet.loader.build import build_loader
 from cocodet.loader.epoch_sampler import EpochSampler
 from cocodet.loader.grouped_sampler import GroupedEpochSampler
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.rank_share import RankOrder
-from cocodet.loader.replan import Replanner
+from cocodet.loader.failures.replan import Replanner
 from cocodet.loader.stream_end import trainer_stream_end
 from cocodet.loader.stream_ledger import StreamLedger
 from cocodet.read_ahead.start import start_train_read_ahead
@@ -53,7 +53,7 @@ class CocoDataModule(BatchTransfer, L.LightningDataModule):
         batch_size, val_batch_size: images per batch (val defaults to batch_size).
         seed: the data stream's seed (design §5).
         plan: the loader plan (worker count and settings) for this rank.
-        replanner: what to do when workers die of a resource (``loader/replan.py``); None: never re-plan.
+        replanner: what to do when workers die of a resource (``loader/failures/replan.py``); None: never re-plan.
         on_bad_sample: "raise" or "skip" (replace deterministically and record).
         verify: decode every image once at start and report problems (``verify.json``).
         cache_dir: where the flat indexes (and pixel caches) are kept (None: build indexes at every start).

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import psutil
 import torch
 
-from cocodet.loader.resources import shm_space
+from cocodet.loader.plan.resources import shm_space
 from cocodet.timing.measurement import Measurement
 
 

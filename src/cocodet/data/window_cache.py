@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from cocodet.loader.window_plan import SLOT_HEADER as HEADER, slot_pixels
+from cocodet.window_slot import SLOT_HEADER as HEADER, slot_pixels
 from cocodet.storage.claims import SlotClaims
 
 PAGE = mmap.PAGESIZE

@@ -7,7 +7,7 @@ import torch.utils.data
 from cocodet.loader.batch_sampler import EpochBatchSampler
 from cocodet.loader.epoch_loader import EpochLoader, ResumableLoader
 from cocodet.loader.flat_batch import Collate
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.worker import worker_init_fn
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch.utils.data
 
-from cocodet.loader.flat_batch import PartJoiner
-from cocodet.loader.hang import watchdog
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.part_joiner import PartJoiner
+from cocodet.loader.failures.hang import watchdog
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.stream_position import StreamPosition
-from cocodet.loader.worker_deaths import fetching
-from cocodet.loader.worker_shutdown import shut_down_workers
+from cocodet.loader.failures.worker_deaths import fetching
+from cocodet.loader.failures.worker_shutdown import shut_down_workers
 
 
 class EpochLoader(torch.utils.data.DataLoader):

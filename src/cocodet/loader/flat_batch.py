@@ -16,7 +16,7 @@ Shapes (B images, N boxes in the whole batch, H/W padded to a multiple of 32):
                                         share and the images decoded (measurement, design §10; never
                                         reaches the model)
 Plus ``skipped``: plain records of bad samples replaced in this batch (no tensors), ``part``:
-(k, n) when this is part k of a batch shipped in n parts (joined by :class:`PartJoiner`),
+(k, n) when this is part k of a batch shipped in n parts (joined by ``part_joiner.py``),
 ``epoch_end``: the last batch of its epoch (what a loader streaming across epochs stops at), and
 ``lease``: a worker's claim on the buffer ``images`` was written into (``loader/shm_pool.py``),
 which the worker writes again once the main process has dropped the batch.
@@ -33,7 +33,7 @@ import cv2
 import numpy as np
 import torch
 
-from cocodet.loader.flat_layout import STAGE_COLUMNS, STATS_COLUMNS, round_up
+from cocodet.loader.plan.flat_layout import STAGE_COLUMNS, STATS_COLUMNS, round_up
 from cocodet.loader.shm_pool import BufferPool
 
 _PAD, _DECODES, _COLLATE = (STATS_COLUMNS.index(c) for c in ("pad_share", "decodes", "collate_s"))
@@ -161,55 +161,6 @@ def flatten(samples: list[dict], pool: BufferPool | None = None) -> FlatBatch:
         epoch_end=getattr(samples, "epoch_end", False),
         lease=lease,
     )
-
-
-class PartJoiner:
-    """Joins the parts of a batch as they arrive: each part's images are copied into the
-    batch's own (ordinary or pinned) memory at once and the part dropped, so /dev/shm holds
-    only the parts in flight, never a whole batch."""
-
-    def __init__(self, pin_memory: bool = False):
-        self.pin_memory = pin_memory
-        self._images: torch.Tensor | None = None
-        self._filled = 0
-        self._rest: list[FlatBatch] = []
-
-    def add(self, part: FlatBatch) -> FlatBatch | None:
-        """Take one part; return the joined batch after the last part, else None."""
-        if not part.part:
-            return part  # a whole batch
-        k, n = part.part
-        images = part.images
-        if self._images is None:
-            # Every part but the last has the first part's size; the last may be smaller.
-            b, _, h, w = images.shape
-            self._images = torch.empty((n * b, 3, h, w), dtype=torch.uint8, pin_memory=self.pin_memory)
-        if images.shape[2:] != self._images.shape[2:]:  # a part padded to another size: grow to fit both
-            self._images = _pad_to(self._images, images.shape[2], images.shape[3], self._filled)
-            images = _pad_to(images, self._images.shape[2], self._images.shape[3], images.shape[0])
-        self._images[self._filled:self._filled + images.shape[0]].copy_(images)
-        self._filled += images.shape[0]
-        # The small tensors are cloned too, which releases the part's shm segments and fds now.
-        self._rest.append(part._replace(images=torch.empty(0), **{f: getattr(part, f).clone() for f in _SMALL}))
-        if k < n - 1:
-            return None
-        parts, images, filled = self._rest, self._images, self._filled
-        self._images, self._filled, self._rest = None, 0, []
-        return FlatBatch(images=images[:filled], skipped=tuple(r for p in parts for r in p.skipped),
-                         epoch_end=part.epoch_end, **{f: torch.cat([getattr(p, f) for p in parts]) for f in _SMALL})
-
-
-_SMALL = ("image_sizes", "boxes", "labels", "box_counts", "sample_keys", "to_original", "sample_stats")
-
-
-def _pad_to(images: torch.Tensor, h: int, w: int, rows: int) -> torch.Tensor:
-    """``images`` (its first ``rows`` valid) in a zero-padded tensor of at least h x w."""
-    b, c, ih, iw = images.shape
-    if ih >= h and iw >= w:
-        return images
-    out = torch.zeros((b, c, max(ih, h), max(iw, w)), dtype=images.dtype, pin_memory=images.is_pinned())
-    out[:rows, :, :ih, :iw] = images[:rows]
-    return out
 
 
 def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:

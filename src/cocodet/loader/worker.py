@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import torch
 
-from cocodet.loader.hang import register_stack_dump
+from cocodet.loader.failures.hang import register_stack_dump
 
 
 def worker_init_fn(worker_id: int) -> None:

@@ -20,7 +20,7 @@ from cocodet.datamodule import CocoDataModule
 from cocodet.loader.build import build_loader
 from cocodet.loader.epoch_sampler import EpochSampler
 from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, to_device, update_digest
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.modes.wiring import build_datamodule, build_module
 from cocodet.run_spec.records import RunSpec
 from cocodet.timing.measurement import Measurement
@@ -176,7 +176,7 @@ def _torn_down(datamodule):
 
 
 def bench(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
-    from cocodet.loader.diagnose import explained_loader_failures
+    from cocodet.loader.failures.diagnose import explained_loader_failures
     from cocodet.models.precision import resolve_precision
 
     b, device = spec.settings("bench"), spec.trainer.device

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.modes.last_run import resume_path
 from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
 from cocodet.run_spec.records import RunSpec
@@ -23,7 +23,7 @@ def _with_weights(spec: RunSpec, plan: LoaderPlan):
 
 def evaluate(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     from cocodet.inference.evaluate import evaluate_checkpoint
-    from cocodet.loader.diagnose import explained_loader_failures
+    from cocodet.loader.failures.diagnose import explained_loader_failures
 
     datamodule, module, ckpt = _with_weights(spec, plan)
     with explained_loader_failures(plan, shm_path=spec.loader.shm_path):
@@ -33,7 +33,7 @@ def evaluate(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
 
 def predict(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     from cocodet.inference.predict import PredictSourceError, predict as predict_images
-    from cocodet.loader.diagnose import explained_loader_failures
+    from cocodet.loader.failures.diagnose import explained_loader_failures
 
     datamodule, module, _ = _with_weights(spec, plan)
     settings = spec.settings("predict")

@@ -7,9 +7,9 @@ import logging
 
 import numpy as np
 
-from cocodet.loader.plan_record import LoaderPlan
-from cocodet.loader.pod_requests import pod_requests, pod_requests_text
-from cocodet.loader.resources import HostResources
+from cocodet.loader.plan.records import LoaderPlan
+from cocodet.loader.plan.pod_requests import pod_requests, pod_requests_text
+from cocodet.loader.plan.resources import HostResources
 from cocodet.run_spec.records import RunSpec
 from cocodet.storage.store import is_remote
 

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 
 from cocodet.loader.flat_batch import restore, unrestore_uint8
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.modes.wiring import build_datamodule
 from cocodet.run_spec.records import RunSpec
 

@@ -16,8 +16,8 @@ from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
 from cocodet.elastic.attempts import AttemptLedger
 from cocodet.elastic.meeting import meet
 from cocodet.errors import RunStopped, TrainingStopped, UnusableModel
-from cocodet.loader.diagnose import explained_loader_failures
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.failures.diagnose import explained_loader_failures
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.models.checkpoint_file import load_checkpoint
 from cocodet.models.checkpoint_io import nonfinite_tensors
 from cocodet.models.evaluation import STAT_NAMES

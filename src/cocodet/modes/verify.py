@@ -6,7 +6,7 @@ first bad files (exit 2), after the summary. No torch, no Lightning."""
 from __future__ import annotations
 
 from cocodet.errors import RunStopped
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.modes.plan import dataset_indexes
 from cocodet.run_spec.records import RunSpec
 

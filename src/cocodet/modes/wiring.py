@@ -9,10 +9,10 @@ from dataclasses import replace
 
 from hydra.utils import get_class, instantiate
 
-from cocodet.loader.plan_record import LoaderPlan
-from cocodet.loader.policy import plan_loader
-from cocodet.loader.replan import Replanner
-from cocodet.loader.resources import HostResources, probe
+from cocodet.loader.plan.records import LoaderPlan
+from cocodet.loader.plan.policy import plan_loader
+from cocodet.loader.failures.replan import Replanner
+from cocodet.loader.plan.resources import HostResources, probe
 from cocodet.run_spec.records import RunSpec
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def build_plan(spec: RunSpec) -> tuple[LoaderPlan, HostResources]:
 
 def build_replanner(spec: RunSpec, plan: LoaderPlan) -> Replanner:
     """loader.on_failure: the run's plan, and a smaller one planned against the host as
-    probed at the failure (``loader/replan.py``)."""
+    probed at the failure (``loader/failures/replan.py``)."""
     loader = spec.loader
 
     def plan_fn(workers: int, prefetch: int) -> LoaderPlan:

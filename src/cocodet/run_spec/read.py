@@ -25,8 +25,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from cocodet.compat import current_targets, targets_in
 from cocodet.elastic.run_folder import unshared_folder
 from cocodet.errors import ConfigError, UserError
-from cocodet.loader.flat_layout import batch_geometry
-from cocodet.loader.worker_request import loader_request
+from cocodet.loader.plan.flat_layout import batch_geometry
+from cocodet.loader.plan.request import loader_request
 from cocodet.ranks import trainer_ranks
 from cocodet.run_spec.records import (DatasetSpec, LoaderSpec, ModelSpec, RecipeSpec, RunSpec, StorageSpec,
                                       TrainerSpec)

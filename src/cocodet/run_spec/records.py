@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cocodet.loader.plan_record import BatchGeometry, LoaderRequest, RecipeShape
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest, RecipeShape
 from cocodet.ranks import Ranks
 
 
@@ -72,7 +72,7 @@ class RecipeSpec:
 
 @dataclass(frozen=True)
 class LoaderSpec:
-    """The loader group, as the plan is asked it (``loader/plan_record.py``) and as the
+    """The loader group, as the plan is asked it (``loader/plan/records.py``) and as the
     re-planner reads it."""
 
     request: LoaderRequest

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from cocodet.errors import ConfigError
-from cocodet.loader.plan_record import LoaderRequest
+from cocodet.loader.plan.records import LoaderRequest
 
 log = logging.getLogger(__name__)
 

@@ -6,18 +6,18 @@ machine that has the condition. Sources:
     explicit   the user's own count for this run, honoured; warnings give the numbers.
     inherited  a count from outside this run (scheduler variable, preset): a ceiling under the
                CPU, shm and memory caps.
-Decide, then explain: the records are ``plan_record.py``; the numbers, caps and alarms
-``budget.py`` (``decide_workers``); the words ``plan_reasons.py`` (``explain``), once the
+Decide, then explain: the records are ``records.py``; the numbers, caps and alarms
+``budget.py`` (``decide_workers``); the words ``reasons.py`` (``explain``), once the
 numbers are final; here the steps in their order, and the finished plan.
 """
 
 from __future__ import annotations
 
-from cocodet.loader.budget import (DEFAULT_WORKER_FOOTPRINT, decide_workers, finished_plan, host_budget, loader_draft,
+from cocodet.loader.plan.budget import (DEFAULT_WORKER_FOOTPRINT, decide_workers, finished_plan, host_budget, loader_draft,
                                    window_cache)
-from cocodet.loader.plan_reasons import explain
-from cocodet.loader.plan_record import BatchGeometry, LoaderPlan, LoaderRequest
-from cocodet.loader.resources import HostResources
+from cocodet.loader.plan.reasons import explain
+from cocodet.loader.plan.records import BatchGeometry, LoaderPlan, LoaderRequest
+from cocodet.loader.plan.resources import HostResources
 
 
 def plan_loader(request: LoaderRequest, batches: BatchGeometry, resources: HostResources, cuda: bool) -> LoaderPlan:

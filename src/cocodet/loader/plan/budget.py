@@ -1,14 +1,15 @@
 """The loader plan's arithmetic (design §3): what the host allows one rank's loaders, what a
 worker costs, and how many workers fit (``decide_workers``, the caps in the order they apply).
 Numbers in, numbers out: each cap and alarm keeps the figures its words need, and
-``plan_reasons.explain`` writes those words once the numbers are final."""
+``reasons.explain`` writes those words once the numbers are final."""
 
 from __future__ import annotations
 
-from cocodet.loader.plan_record import (Budget, LoaderDraft, LoaderPlan, LoaderRequest, ShmCheck, Window,
+from cocodet.loader.plan.records import (Budget, LoaderDraft, LoaderPlan, LoaderRequest, ShmCheck, Window,
                                         WorkerCap)
-from cocodet.loader.resources import HostResources
-from cocodet.loader.window_plan import window_slots
+from cocodet.loader.plan.resources import HostResources
+from cocodet.loader.plan.shm_rule import rank_shm_share
+from cocodet.loader.plan.window_slots import window_slots
 from cocodet.units import MiB
 
 # Unique memory of one worker process (torch + cv2 + albumentations imported, dataset index
@@ -20,11 +21,11 @@ TENSORS_PER_BATCH = 8  # FlatBatch: each storage is one fd and one mmap while in
 
 
 def shm_budget(res: HostResources) -> int | None:
-    """Bytes of /dev/shm this rank's loaders may hold: half the free bytes over the local ranks
-    (None: no shm filesystem, not capped)."""
+    """Bytes of /dev/shm this rank's loaders may hold (``shm_rule.py``; None: no shm filesystem,
+    not capped)."""
     if res.shm_free_bytes is None:
         return None
-    return res.shm_free_bytes // 2 // max(1, res.local_world_size)
+    return rank_shm_share(res.shm_free_bytes, res.local_world_size)
 
 
 def host_budget(res: HostResources, footprint: int, largest_batch: int, persistent_workers: bool) -> Budget:
@@ -82,19 +83,25 @@ def explicit_part_images(b: Budget, d: LoaderDraft) -> int:
 def decide_workers(policy: str, requested: int | None, train: LoaderDraft, val: LoaderDraft, b: Budget,
                    res: HostResources, batch_size: int, partner_pool: int) -> None:
     """Both loaders' worker counts and queues, in place: an explicit count is honoured (its
-    excesses become alarms); auto and inherited counts go through the CPU (inherited), shm and
+    excesses become alarms); auto and inherited counts go through the CPU, shm and
     memory caps; validation never has more workers than training."""
     if policy == "explicit":
         train.workers = val.workers = requested
     else:
-        train.workers = min(res.usable_cpus, batch_size) if policy == "auto" else requested
-        if policy == "inherited":  # a count from outside this run is a ceiling under this rank's CPUs
-            train.caps.append(WorkerCap("cpu", res.usable_cpus, train.workers > res.usable_cpus))
-            train.workers = min(train.workers, res.usable_cpus)
+        # auto starts at one worker per image of a batch; an inherited count is a ceiling. Either
+        # way this rank's CPUs cap it, recorded so the plan says why it has that many workers.
+        train.workers = batch_size if policy == "auto" else requested
+        train.caps.append(cpu_cap(train.workers, res))
+        train.workers = min(train.workers, res.usable_cpus)
         _share_shm(train, val, b, partner_pool)
         _cap_memory(train, b)
         val.workers = min(val.workers, max(1, train.workers))
     _raise_alarms(train, val, policy, b, res)
+
+
+def cpu_cap(workers: int, res: HostResources) -> WorkerCap:
+    """The CPU rule: at most one worker per CPU this rank may use (``usable_cpus``)."""
+    return WorkerCap("cpu", res.usable_cpus, workers > res.usable_cpus)
 
 
 def _share_shm(train: LoaderDraft, val: LoaderDraft, b: Budget, partner_pool: int) -> None:
@@ -180,7 +187,7 @@ def _raise_alarms(train: LoaderDraft, val: LoaderDraft, policy: str, b: Budget, 
 def window_cache(window: int, side: int, batch_size: int, train: LoaderDraft, b: Budget) -> Window:
     """The window cache's slots: the window plus every position the workers may hold in flight
     (each worker its prefetched batches, and the batch the main process holds), within the
-    memory the workers leave this rank (``window_plan.window_slots``)."""
+    memory the workers leave this rank (``window_slots.window_slots``)."""
     in_flight = (max(1, train.workers) * train.prefetch + 1) * batch_size
     room = b.mem_room - worker_memory(train.workers, train.prefetch, b)
     return window_slots(window, in_flight, side, room)
@@ -189,7 +196,7 @@ def window_cache(window: int, side: int, batch_size: int, train: LoaderDraft, b:
 def finished_plan(d: LoaderDraft, request: LoaderRequest, batch_size: int, batch_bytes: int, res: HostResources,
                 b: Budget, cuda: bool) -> LoaderPlan:
     """The LoaderPlan of a decided draft (its caps' and alarms' words come after, from
-    ``plan_reasons.explain``); nothing PyTorch rejects at num_workers=0."""
+    ``reasons.explain``); nothing PyTorch rejects at num_workers=0."""
     with_workers = d.workers > 0
     inflight = d.workers * d.prefetch
     pin = request.pin_memory

@@ -16,8 +16,9 @@ from dataclasses import replace
 from typing import Callable
 
 from cocodet import schema
-from cocodet.loader.diagnose import LoaderFailure, explain, failure_kind
-from cocodet.loader.plan_record import LoaderPlan
+from cocodet.loader.failures.classify import failure_kind
+from cocodet.loader.failures.diagnose import LoaderFailure, explain
+from cocodet.loader.plan.records import LoaderPlan
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from cocodet import schema
 @dataclass(frozen=True)
 class WorkerCap:
     """One cap the plan evaluated: at most ``limit`` workers (None: not capped), whether it
-    lowered the count, and the arithmetic behind it in words (written by ``plan_reasons.explain``
+    lowered the count, and the arithmetic behind it in words (written by ``reasons.explain``
     once the numbers are final)."""
 
     name: str
@@ -71,7 +71,7 @@ class LoaderDraft:
 
 @dataclass(frozen=True)
 class Window:
-    """The window cache's slots (``window_plan.py``): how many, how many the window and the
+    """The window cache's slots (``window_slots.py``): how many, how many the window and the
     positions in flight want, how many fit the memory the workers leave, that room, the
     positions in flight, and one slot's bytes."""
 
@@ -190,7 +190,7 @@ class LoaderPlan:
     # Bytes of the shm budget each loader may use: its in-flight transfers plus the one its batch
     # or part in the main process holds (the step's batch, a part being joined).
     shm_split: dict | None = None
-    # The window cache (loader/window_plan.py): slots, bytes in anonymous shared memory, and why.
+    # The window cache (loader/plan/window_slots.py): slots, bytes in anonymous shared memory, and why.
     window_slots: int = 0
     window_bytes: int = 0
     window_note: str | None = None
@@ -238,6 +238,6 @@ class LoaderPlan:
 
     def table(self) -> str:
         """The plan as a small fixed-width table for the log."""
-        from cocodet.loader.plan_table import plan_table
+        from cocodet.loader.plan.table import plan_table
 
         return plan_table(self)

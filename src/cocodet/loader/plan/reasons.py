@@ -1,14 +1,15 @@
 """The loader plan's words (design §3): each cap's reason, the warnings and the window cache's
 note, written once the numbers are final (``explain``); the numbers come from ``budget.py``.
-The log table is ``plan_table.py``."""
+The log table is ``table.py``."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from cocodet.loader.budget import MAIN_PROCESS_HEADROOM
-from cocodet.loader.plan_record import Budget, LoaderDraft, LoaderPlan, ShmCheck, Window
-from cocodet.loader.resources import HostResources
+from cocodet.loader.plan.budget import MAIN_PROCESS_HEADROOM
+from cocodet.loader.plan.records import Budget, LoaderDraft, LoaderPlan, ShmCheck, Window
+from cocodet.loader.plan.resources import HostResources
+from cocodet.loader.plan.shm_rule import rank_shm_share_words
 from cocodet.units import MiB
 
 
@@ -67,7 +68,7 @@ def no_shm_reason(res: HostResources) -> str:
 
 
 def shm_reason(c: ShmCheck, res: HostResources) -> str:
-    budget = f"half of {res.shm_free_bytes / MiB:.1f} MiB free shm / {res.local_world_size} ranks"
+    budget = rank_shm_share_words(res.shm_free_bytes, res.local_world_size)
     return (f"(workers x prefetch {c.prefetch} + 1 held by the main process) x {c.ship_bytes / MiB:.1f} MiB <= "
             f"{c.share / MiB:.1f} MiB" + (f" = {c.share_text.format(budget=budget)}" if c.share_text else f" ({budget})"))
 

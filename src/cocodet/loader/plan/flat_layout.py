@@ -5,7 +5,7 @@ Kept apart from ``flat_batch`` so that ``mode=plan`` can size workers without im
 
 from __future__ import annotations
 
-from cocodet.loader.plan_record import BatchGeometry, RecipeShape
+from cocodet.loader.plan.records import BatchGeometry, RecipeShape
 
 PAD_MULTIPLE = 32  # image height and width are padded to a multiple of this
 # A sample's stage seconds (the recipe's split into geometry and colour), then the pad share and decodes.

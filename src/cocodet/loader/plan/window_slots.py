@@ -9,23 +9,8 @@ same room the workers' footprints and queues are planned in.
 
 from __future__ import annotations
 
-import numpy as np
-
-from cocodet.loader.plan_record import Window
-
-# A slot's header (the cache's layout, ``data/window_cache.py``, reads and writes it): 64 bytes.
-SLOT_HEADER = np.dtype([("gen", "<i8"), ("index", "<i8"), ("size", "<i8"), ("h", "<i8"), ("w", "<i8"),
-                        ("orig_h", "<i8"), ("orig_w", "<i8"), ("scale", "<f8")])
-
-
-def slot_pixels(side: int) -> int:
-    """One slot's pixel area, for images whose long side is ``side``."""
-    return side * side * 3
-
-
-def slot_bytes(side: int) -> int:
-    """One slot: its pixel area and its header."""
-    return slot_pixels(side) + SLOT_HEADER.itemsize
+from cocodet.loader.plan.records import Window
+from cocodet.window_slot import slot_bytes
 
 
 def window_slots(window: int, in_flight: int, side: int, room: int) -> Window:

@@ -5,11 +5,13 @@ memory-backed ``emptyDir`` mounted on /dev/shm.
 - CPUs: each local rank's main process plus its train workers (the val loader's workers take
   turns with them: validation runs between training steps).
 - /dev/shm: the plan lets a rank use half of the free /dev/shm split between local ranks
-  (``loader/budget.py``), so the volume is twice what the ranks' loaders hold in flight (train and
+  (``loader/plan/budget.py``), so the volume is twice what the ranks' loaders hold in flight (train and
   val), rounded up to 64 MiB. A pod given less plans fewer workers, and says so.
 """
 
 from __future__ import annotations
+
+from cocodet.loader.plan.shm_rule import shm_size_for_share
 
 SHM_STEP = 64 << 20  # emptyDir sizes in whole 64 MiB
 
@@ -19,7 +21,7 @@ def pod_requests(plan) -> dict:
     ranks = max(1, plan.local_ranks)
     split = plan.shm_split or {}
     in_flight = int(split.get("train", plan.inflight_bytes)) + int(split.get("val", 0))
-    shm = max(SHM_STEP, -(-2 * ranks * in_flight // SHM_STEP) * SHM_STEP)
+    shm = shm_size_for_share(in_flight, ranks, SHM_STEP)
     return {"cpu": ranks * (plan.num_workers + 1), "shm_size_limit": f"{shm >> 20}Mi", "local_ranks": ranks}
 
 

@@ -1,5 +1,5 @@
 """The loader plan as a small fixed-width table for the log (design §3): ``LoaderPlan.table()``.
-Read by attribute, so this module sits below ``plan_record.py``, which imports it when asked."""
+Read by attribute, so this module sits below ``records.py``, which imports it when asked."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def side_text(side: int | None) -> str:
 
 
 def plan_table(plan) -> str:
-    """The plan (a ``plan_record.LoaderPlan``, read by attribute: this module sits below it) as a
+    """The plan (a ``records.LoaderPlan``, read by attribute: this module sits below it) as a
     small fixed-width table for the log."""
     rows = [
         ("workers", f"{plan.num_workers} (source: {plan.source}, requested: {plan.requested})"),
