@@ -128,8 +128,7 @@ class DetectionDataset(torch.utils.data.Dataset):
         partners = self._partners(key, rng, primary, reads, timings, skipped)
         t0 = time.perf_counter()
         made = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
-        timings[COLOUR] = made.colour_s
-        timings[GEOMETRY] = time.perf_counter() - t0 - made.colour_s
+        timings[GEOMETRY], timings[COLOUR] = time.perf_counter() - t0 - made.colour_s, made.colour_s
         sample = make_sample(made.image, made.boxes, made.labels, (key.epoch, key.index), int(self.index.image_ids[k]),
                              to_original(primary.orig_hw, primary.scale, made.scale), stage_seconds=timings[:4],
                              pad_share=made.pad_share, decodes=int(timings[DECODES]), skipped=skipped)
