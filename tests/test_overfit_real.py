@@ -66,6 +66,32 @@ def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch)
 
     assert yolo["images"] == IMAGES and all(abs(yolo[k] - clean[k]) <= 1e-4 for k in STAT_NAMES), (yolo, clean)
 
+    # The same images and labels as a Pascal VOC layout, with one more box marked difficult: its
+    # ground truth (difficult objects as crowd regions, area w x h) scores this checkpoint as an
+    # independent conversion of its XML to COCO JSON does, on all 12 stats. dataset.classes names
+    # the classes in the checkpoint's label order (VOC's category id is 1 + that position).
+    from cocodet.models.evaluation import ALL_STAT_NAMES
+    from voc_layout import coco_as_voc, voc_as_coco
+
+    subset = json.loads(ann.read_text())
+    first = subset["annotations"][0]
+    subset["annotations"].append({**first, "id": 10**9, "iscrowd": 1, "bbox": [v / 2 for v in first["bbox"]]})
+    (tmp_path / "difficult.json").write_text(json.dumps(subset))
+    voc_root = tmp_path / "voc"
+    coco_as_voc(tmp_path / "difficult.json", coco_tiny / "train2017", voc_root, "train")
+    classes = [c["name"] for c in sorted(subset["categories"], key=lambda c: c["id"])]
+    back = voc_as_coco(voc_root, "train", ("train",), tmp_path / "voc_as_coco.json", classes)
+    on_checkpoint = [*args[6:], "mode=eval", "eval.split=train", f"ckpt_path={trained['last_ckpt']}"]
+    voc = run_in_process(["dataset=voc", f"dataset.root={voc_root}", "dataset.val_list=ImageSets/Main/train.txt",
+                          "dataset.classes=[" + ",".join(f"'{n}'" for n in classes) + "]", *on_checkpoint],
+                         tmp_path / "voc_eval")
+    converted = run_in_process(["dataset=coco", f"dataset.root={voc_root}", "dataset.train_images=JPEGImages",
+                                f"dataset.train_ann={back}", "dataset.val_images=JPEGImages", f"dataset.val_ann={back}",
+                                *on_checkpoint], tmp_path / "voc_as_coco_eval")
+    assert sum(a["iscrowd"] for a in json.loads(back.read_text())["annotations"]) == 1
+    assert voc["images"] == IMAGES and voc["map50"] >= 0.3, voc
+    assert all(abs(voc[k] - converted[k]) <= 1e-4 for k in ALL_STAT_NAMES), (voc, converted)
+
     # The letterbox kind of the output parity (test_output_parity.py, issue 57), on this checkpoint:
     # cocodet's mode=eval (pycocotools) and torchvision's FCOS on the very same val tensors agree
     # per detection and on the 12 stats.
