@@ -380,7 +380,7 @@ def test_a_bucket_bench_whose_copies_disk_fills_mid_run_reads_every_image(coco_t
     from conftest import run_in_process
     from moto_store import filled_store
 
-    from cocodet.read_ahead.object_cache import DISK_RETRY_S
+    from cocodet.read_ahead.disk_refusal import DISK_RETRY_S
 
     args = ["mode=bench", "dataset=coco", "dataset.image_size=128", "loader=explicit", "loader.num_workers=2",
             "loader.batch_size=4", "bench.batches=15", "bench.warmup=0", "bench.digest_batches=15",

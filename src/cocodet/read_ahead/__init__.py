@@ -6,10 +6,15 @@ module-level switch routes reads, so nothing else a process reads goes through t
 
 - ``start.py``: the plan of reads (``epoch_reads``) and ``start_read_ahead``, which sizes,
   claims and starts it; the datamodule calls ``start_train_read_ahead`` with the train loader.
-- ``budget.py``: how much it may hold (``dataset.remote.cache_bytes``) and where.
+- ``budget.py``: how much it may hold (``dataset.remote.cache_bytes``) and where, and the
+  shared counter of what it holds.
 - ``working_set.py``: what the planned epochs keep live at once, and the lead.
 - ``object_cache.py``: the copies (claimed, budgeted, evicted only by the fetcher).
-- ``fetcher.py``: ``ReadAhead``, the thread.
+- ``reader_gets.py``: each object's count of GETs by readers, in shared memory.
+- ``disk_refusal.py``: whether the copies' disk takes writes.
+- ``listing_check.py``: whether fetched bytes are the listing's.
+- ``fetcher.py``: ``ReadAhead``, the thread and its GET threads.
+- ``fetch_plan.py``: what a pass fetches and evicts.
 
 Above ``storage/`` (which it reads through) and below the datamodule; nothing here imports
 torch.

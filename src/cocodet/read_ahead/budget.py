@@ -1,16 +1,17 @@
 """How much a remote root's read-ahead may hold, and where: the budget
-(``dataset.remote.cache_bytes``, ``auto`` by default), its folder, and this run's claimed
-folder of copies (design §15)."""
+(``dataset.remote.cache_bytes``, ``auto`` by default), its folder, this run's claimed
+folder of copies (design §15), and the shared counter of the bytes the copies hold."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import multiprocessing
 import os
 import shutil
 from pathlib import Path
 
-from cocodet.storage.claims import claim_file
+from cocodet.storage.claims import SharedLock, claim_file
 
 AUTO_CACHE_BYTES = 4 * 2**30  # cache_bytes=auto's ceiling (the fixed default before auto): ~25k COCO images' window
 
@@ -93,3 +94,29 @@ def split_folder(folder: str, local_rank: int, images_url: str) -> tuple[Path, i
         fd = claim_file(mine / ".claim")
         if fd is not None:
             return mine, fd
+
+
+class HeldBytes:
+    """The bytes a rank's copies take (and those reserved for copies being written): one counter
+    in shared memory, which the rank's forked workers inherit, under a lock the kernel releases
+    if a worker is killed holding it (``storage/claims.py``)."""
+
+    def __init__(self):
+        self._bytes = multiprocessing.Value("q", 0, lock=False)
+        self._lock = SharedLock()
+
+    def reserve(self, size: int, budget: int) -> bool:
+        """Count ``size`` more bytes if they fit in ``budget``."""
+        with self._lock:
+            if self._bytes.value + size > budget:
+                return False
+            self._bytes.value += size
+            return True
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self._bytes.value -= size
+
+    def value(self) -> int:
+        with self._lock:
+            return int(self._bytes.value)

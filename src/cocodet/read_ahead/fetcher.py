@@ -46,15 +46,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from cocodet.read_ahead.fetch_plan import FetchPlanner, first_reads
 from cocodet.read_ahead.object_cache import ObjectCache
 from cocodet.read_ahead.working_set import fetch_ahead
 
 log = logging.getLogger(__name__)
-NEVER = np.iinfo(np.int64).max  # the next read of an object read no more in the planned epochs
 
 
-class ReadAhead:
-    """This rank's read-ahead.
+class ReadAhead(FetchPlanner):
+    """This rank's read-ahead: the main thread's side, the loop, and the GET threads (what a
+    pass fetches and evicts: :class:`~cocodet.read_ahead.fetch_plan.FetchPlanner`).
 
     Args:
         cache: the copies (its ``objects`` give each URL's size and ETag).
@@ -131,21 +132,6 @@ class ReadAhead:
             self._thread.join(timeout=30)
         self.cache.close()
 
-    # -- the thread -----------------------------------------------------------------------
-    def _reads_left(self) -> tuple[np.ndarray, int, int, int]:
-        """(dataset indices still to be read, in order, from the consumed position; where in
-        them the reads not yet handed to workers begin, ``lead`` samples on; where the reads the
-        thread may fetch now end, ``ahead`` samples further; the absolute position of the
-        first). Called under the lock: slices and one concatenation."""
-        _, reads, offsets = self.epochs[0]
-        c = min(self.consumed, len(offsets) - 1)
-        at = int(offsets[c])
-        future = np.concatenate([reads[at:]] + [r for _, r, _ in self.epochs[1:]])
-        sample_offsets = [offsets[c:] - at] + [o for _, _, o in self.epochs[1:]]  # each epoch's, from here
-        left = len(future) if self.end is None else max(0, self.end - self.consumed_total)  # samples the run has left
-        return (future, _read_at(sample_offsets, min(self.lead, left), len(future)),
-                _read_at(sample_offsets, min(self.lead + self.ahead, left), len(future)), self.base + at)
-
     def _run(self) -> None:
         try:
             self._loop()
@@ -187,39 +173,6 @@ class ReadAhead:
                     self.peak_bytes = max(self.peak_bytes, self.cache.held_bytes())
                     if not self._stop:
                         self._changed.wait(timeout=0.5)
-
-    def _plan(self, future: np.ndarray, lead_at: int, ahead_at: int, start: int, held: np.ndarray,
-              unpinned: np.ndarray, free_slots: int):
-        """Yield (object, the absolute read it is fetched for) to fetch now, in order of that
-        read (reads ``future[lead_at:ahead_at]``), making room for each as the module says;
-        stop at the first that cannot fit."""
-        if free_slots <= 0 or lead_at >= ahead_at:
-            return
-        next_read = first_reads(future, len(self.paths))  # [N] first future read of each object
-        beyond = first_reads(future[lead_at:ahead_at], len(self.paths), lead_at)  # ... not yet handed out
-        wanted = np.flatnonzero((beyond < NEVER) & ~held & self.plannable & ~self._mask(self.failed))
-        wanted = wanted[np.argsort(beyond[wanted], kind="stable")][:free_slots]
-        if not len(wanted):
-            return
-        # Eviction candidates, needed latest first: copies not being fetched and past their pin.
-        victims = np.flatnonzero(held & unpinned & ~self._mask(self.inflight))
-        victims = victims[np.argsort(-next_read[victims], kind="stable")]
-        taken = 0  # victims[:taken] are evicted
-        for k in wanted.tolist():
-            size, read = int(self.sizes[k]), int(beyond[k])
-            while not self.cache.reserve(size):
-                if taken >= len(victims) or next_read[victims[taken]] <= read:  # only copies needed sooner are left
-                    self._adopt_folder()  # a worker's copy may be what fills the budget: known next pass
-                    return
-                self._evict(int(victims[taken]))
-                taken += 1
-            yield k, start + read
-
-    def _mask(self, indices) -> np.ndarray:
-        """[N] True at ``indices`` (dataset indices: the failed, the in-flight)."""
-        mask = np.zeros(len(self.paths), dtype=bool)
-        mask[list(indices)] = True
-        return mask
 
     def _hold(self, k: int, read_at: int = -1) -> None:
         self.held_mask[k] = True
@@ -286,23 +239,3 @@ class ReadAhead:
                 "copies_bytes": copies, "copies_writable": self.cache.writable(), "concurrency": self.concurrency,
                 "lead_samples": self.lead, "failed_objects": len(self.failed), "dropped_fetches": self.dropped,
                 "working_set_objects": self.working_set[0], "working_set_bytes": self.working_set[1]}
-
-
-def first_reads(reads: np.ndarray, n: int, offset: int = 0) -> np.ndarray:
-    """[n] the position (``offset`` + index in ``reads``) of each object's first read; NEVER
-    for an object not read."""
-    first = np.full(n, NEVER, dtype=np.int64)
-    np.minimum.at(first, reads, np.arange(offset, offset + len(reads), dtype=np.int64))
-    return first
-
-
-def _read_at(sample_offsets: list[np.ndarray], samples: int, end: int) -> int:
-    """Where, in the reads of consecutive epochs whose sample offsets (each from 0) are given,
-    the reads of the sample ``samples`` on begin (``end`` past the last)."""
-    shift = 0
-    for o in sample_offsets:
-        if samples < len(o) - 1:
-            return shift + int(o[samples])
-        samples -= len(o) - 1
-        shift += int(o[-1])
-    return end
