@@ -123,8 +123,8 @@ def main() -> None:
         rows[BEFORE] = ([], args.before.resolve())
     for r in range(args.rounds):
         for name, (extra, code) in rows.items():
-            summary = cocodet(data.resolve(), args.out / f"round{r}-{name.split()[0]}", extra, args.warmup, args.batches,
-                              code)
+            slug = "-".join("".join(c if c.isalnum() else " " for c in name).split())  # one folder per row and round
+            summary = cocodet(data.resolve(), args.out / f"round{r}-{slug}", extra, args.warmup, args.batches, code)
             rates.setdefault(name, []).append(summary["examples_per_s"])
             last[name] = summary
             print(f"round {r}: {name}: {summary['examples_per_s']:.1f} examples/s", flush=True)
