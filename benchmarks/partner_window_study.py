@@ -39,24 +39,45 @@ def train(out: Path, name: str, overrides: list[str], seed: int) -> dict:
     return json.loads(summary.read_text())
 
 
-def report(results: dict[str, list[dict]]) -> str:
-    lines = ["| partners | seeds | mAP mean ± std | mAP@0.5 mean ± std | per seed mAP |", "|---|---|---|---|---|"]
+def report(results: dict[str, list[dict]], column: str = "partners",
+           verdicts: tuple[str, str] = ("window partners may be the default", "keep whole-dataset partners")) -> str:
+    """The table of two settings' runs, and the rule's line: the first setting, the challenger,
+    may become the default if its mean mAP is not below the second's by more than
+    max(0.01, 2 x the pooled standard deviation); ``verdicts``: (it may, it may not)."""
+    lines = [f"| {column} | seeds | mAP mean ± std | mAP@0.5 mean ± std | per seed mAP |", "|---|---|---|---|---|"]
     for name, rows in results.items():
+        if not rows:
+            lines.append(f"| {name} | 0 | — | — | — |")
+            continue
         cells = []
         for stat in ("map", "map50"):
             values = [r[stat] for r in rows]
             cells.append(f"{statistics.mean(values):.4f} ± {statistics.stdev(values) if len(values) > 1 else 0:.4f}")
         per_seed = ", ".join(f"{r['map']:.4f}" for r in rows)
         lines.append(f"| {name} | {len(rows)} | {cells[0]} | {cells[1]} | {per_seed} |")
-    window_name, dataset_name = list(results)
-    window, dataset = [r["map"] for r in results[window_name]], [r["map"] for r in results[dataset_name]]
-    drop = statistics.mean(dataset) - statistics.mean(window)
-    spread = pooled_std([window, dataset]) if min(len(window), len(dataset)) > 1 else 0.0
+    challenger_name, default_name = list(results)
+    challenger, default = [r["map"] for r in results[challenger_name]], [r["map"] for r in results[default_name]]
+    if not challenger or not default:
+        return "\n".join(lines)
+    drop = statistics.mean(default) - statistics.mean(challenger)
+    spread = pooled_std([challenger, default]) if min(len(challenger), len(default)) > 1 else 0.0
     bar = max(0.01, 2 * spread)
-    verdict = "window partners may be the default" if drop <= bar else "keep whole-dataset partners"
-    lines += ["", f"mAP drop of window partners: {drop:+.4f}; pooled std {spread:.4f}; bar max(0.01, 2 x {spread:.4f}) "
-                  f"= {bar:.4f}; rule: {verdict}"]
+    lines += ["", f"mAP drop of {challenger_name}: {drop:+.4f}; pooled std {spread:.4f}; bar max(0.01, 2 x {spread:.4f}) "
+                  f"= {bar:.4f}; rule: {verdicts[0] if drop <= bar else verdicts[1]}"]
     return "\n".join(lines)
+
+
+def study(out: Path, settings: dict[str, list[str]], seeds: list[int], report_only: bool) -> dict[str, list[dict]]:
+    """Each setting's runs, the settings alternating seed by seed (with ``report_only``, the runs
+    already done)."""
+    results: dict[str, list[dict]] = {name: [] for name in settings}
+    for seed in seeds:
+        for name, overrides in settings.items():
+            if report_only and not (out / name / f"seed-{seed}" / "summary.json").exists():
+                continue
+            summary = train(out, name, overrides, seed)
+            results[name].append({"map": summary["map"], "map50": summary["map50"], "seed": seed})
+    return results
 
 
 def main() -> None:
@@ -66,15 +87,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=48)
     parser.add_argument("--report", action="store_true", help="print the table of the runs already done")
     args = parser.parse_args()
-    results: dict[str, list[dict]] = {name: [] for name in settings(args.window)}
-    for seed in args.seeds:
-        for name, overrides in settings(args.window).items():
-            folder = args.out / name / f"seed-{seed}" / "summary.json"
-            if args.report and not folder.exists():
-                continue
-            summary = train(args.out, name, overrides, seed)
-            results[name].append({"map": summary["map"], "map50": summary["map50"], "seed": seed})
-    table = report(results)
+    table = report(study(args.out, settings(args.window), args.seeds, args.report))
     (args.out / "study.md").write_text(table + "\n")
     print(table)
 
