@@ -16,14 +16,22 @@ since comparing zeros proves nothing: each kind memorises 4 coco_tiny images
 (`benchmarks/overfit_subset.py`). The letterbox kind is test_overfit_real's checkpoint, which
 calls `gated_mismatches` itself; this file trains the shortest-side and fixed-size kinds.
 
-The reference never shares cocodet's model code: fcos_resnet18_fpn, which torchvision has no
-builder for, is composed here from torchvision's public classes (issue 69: it had been a deep
-copy of cocodet's own module, so a fault there was in both). Each kind also proves the
-comparison can fail: a changed anchor size planted in what ``models/zoo.py`` builds.
+The reference never shares cocodet's model code or values, so that a fault there cannot be in
+both: fcos_resnet18_fpn, which torchvision has no builder for, is composed here from
+torchvision's public classes, never copied from cocodet's module; its weights come from the
+checkpoint file, its normalisation from torchvision's defaults, its sizes from the builder or
+from the sizes this test passes to the recipe, its categories and each image's stored size
+from the annotation file, the letterbox scale from that size and the recipe's side. The
+reference also checks each input tensor's size: what torchvision's resize would give the
+stored image (the letterbox: the recipe's square). Each kind proves the comparison can fail,
+with a fault planted in what cocodet builds: a changed anchor size, normalisation mean or
+standard deviation, and resize (the model's transform's for the letterbox; for the kinds whose
+loader resizes as the model would, the sizes the loader is given).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -77,43 +85,70 @@ def cocodet_eval(args: list[str], ckpt: str, run_dir: Path, monkeypatch) -> tupl
     return summary, seen["module"].last_detections, batches, seen["module"]
 
 
-def public_model(module, name: str) -> torch.nn.Module:
+def reference(args: list[str], ann: Path) -> dict:
+    """What the reference knows of a run, none of it from cocodet: the recipe's side and the
+    model's resize sizes this test passes on the command line (None: the builder's), the
+    annotation file's categories (label k is the k-th id in ascending order, 0 background) and
+    each image's stored (height, width)."""
+    import json
+
+    given = dict(a.lstrip("+").split("=", 1) for a in args if "=" in a)
+    data = json.loads(ann.read_text())
+    side = int(given["dataset.image_size"])
+    sizes = (int(given["model.detector.min_size"]), int(given["model.detector.max_size"])) \
+        if "model.detector.min_size" in given else None
+    return {"name": given["model"], "side": side, "sizes": sizes,
+            "category_ids": np.array(sorted(c["id"] for c in data["categories"]), dtype=np.int64),
+            "stored_hw": {im["id"]: (im["height"], im["width"]) for im in data["images"]}}
+
+
+def public_model(ckpt: str, ref: dict, letterbox: bool) -> torch.nn.Module:
     """torchvision's model for the checkpoint, built without cocodet's model code
-    (``models/zoo.py``), so a fault there cannot be copied into the reference: torchvision's
-    builder (``name``) with the module's category count and transform sizes, or for
-    fcos_resnet18_fpn, which has no builder, :func:`torchvision_fcos_resnet18_fpn` from
-    torchvision's public classes; then the checkpoint's weights, in eval(). The transform
-    normalises, batches and post-processes as torchvision's does, and never resizes:
-    cocodet's tensors are already the model's input."""
-    ours, t = module.model, module.model.transform
-    state = ours.state_dict()
-    num_classes = len(module.category_ids) + 1
+    (``models/zoo.py``) or values, so a fault there cannot be copied into the reference:
+    torchvision's builder (``ref["name"]``) with the annotation file's category count and its own
+    normalisation, at the sizes the test gave the recipe (a letterbox: its side) or the builder's
+    own; or for fcos_resnet18_fpn, which has no builder, :func:`torchvision_fcos_resnet18_fpn` from
+    torchvision's public classes; then the checkpoint file's weights, in eval(). Its transform
+    normalises, batches and post-processes as torchvision's does, and never resizes: cocodet's
+    tensors are already the model's input (``reference_resize`` keeps the resize it would do)."""
+    name, num_classes = ref["name"], len(ref["category_ids"]) + 1
+    state = checkpoint_weights(ckpt)
+    sizes = (ref["side"], ref["side"]) if letterbox else ref["sizes"]
+    sized = {} if sizes is None else {"min_size": sizes[0], "max_size": sizes[1]}
     if hasattr(tvd, name):
-        sized = {} if isinstance(ours, tvd.ssd.SSD) else {"min_size": t.min_size, "max_size": t.max_size}
         public = getattr(tvd, name)(weights=None, weights_backbone=None, num_classes=num_classes, **sized)
     else:
         assert name == "fcos_resnet18_fpn", name
         public = torchvision_fcos_resnet18_fpn(num_classes, width=state["backbone.fpn.inner_blocks.0.0.weight"].shape[0],
-                                               transform=(t.min_size, t.max_size, t.image_mean, t.image_std))
+                                               **sized)
     public.load_state_dict(state)
+    public.eval()
+    public.reference_resize = public.transform.resize
     public.transform.resize = lambda image, target=None: (image, target)  # eval() would resize again
-    return public.eval()
+    return public
 
 
-def torchvision_fcos_resnet18_fpn(num_classes: int, width: int, transform: tuple) -> torch.nn.Module:
+@functools.lru_cache(maxsize=1)
+def checkpoint_weights(ckpt: str) -> dict:
+    """The detector's weights in ``ckpt``, read once for the clean and the faulty comparisons
+    (``load_state_dict`` copies them into each model)."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
+def torchvision_fcos_resnet18_fpn(num_classes: int, width: int, min_size: int, max_size: int) -> torch.nn.Module:
     """FCOS as torchvision composes ``fcos_resnet50_fpn``, on a ResNet-18 body: its ``FCOS``
-    with its default anchors, a ``BackboneWithFPN`` over torchvision's ``resnet18`` (C3-C5, with
-    P6 and P7 from P5's output), an ``FCOSHead`` of one anchor per location, a stock
-    ``GeneralizedRCNNTransform``. ``width``: the FPN's and head's channels, read from the
-    checkpoint."""
+    with its default anchors and normalisation, a ``BackboneWithFPN`` over torchvision's
+    ``resnet18`` (C3-C5, with P6 and P7 from P5's output), an ``FCOSHead`` of one anchor per
+    location, a stock ``GeneralizedRCNNTransform``. ``width``: the FPN's and head's channels,
+    read from the checkpoint."""
     from torchvision.models import resnet18
     from torchvision.models.detection.backbone_utils import BackboneWithFPN
     from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
     backbone = BackboneWithFPN(resnet18(weights=None), {"layer2": "0", "layer3": "1", "layer4": "2"}, [128, 256, 512],
                                width, extra_blocks=LastLevelP6P7(width, width))
-    min_size, max_size, mean, std = transform
-    return tvd.FCOS(backbone, num_classes, min_size=min_size, max_size=max_size, image_mean=mean, image_std=std,
+    return tvd.FCOS(backbone, num_classes, min_size=min_size, max_size=max_size,
                     head=tvd.fcos.FCOSHead(width, 1, num_classes))
 
 
@@ -142,18 +177,84 @@ def plant_anchor_fault(monkeypatch) -> None:
     monkeypatch.setattr(zoo, "build_detector", faulty)
 
 
-def public_full_eval(module, name: str, images: Path, ann: Path) -> np.ndarray:
+def plant_transform_fault(monkeypatch, change) -> None:
+    """``change(transform)`` applied to the transform of every model ``models/zoo.py`` builds."""
+    import cocodet.models.zoo as zoo
+
+    real = zoo.build_detector
+
+    def faulty(*args, **kwargs):
+        model = real(*args, **kwargs)
+        change(model.transform)
+        return model
+
+    monkeypatch.setattr(zoo, "build_detector", faulty)
+
+
+def plant_mean_fault(monkeypatch) -> None:
+    """The normalisation's mean off by 0.05 in each channel (about a fifth of the std it divides by)."""
+    plant_transform_fault(monkeypatch, lambda t: setattr(t, "image_mean", [m + 0.05 for m in t.image_mean]))
+
+
+def plant_std_fault(monkeypatch) -> None:
+    """The normalisation's standard deviation 10% too large."""
+    plant_transform_fault(monkeypatch, lambda t: setattr(t, "image_std", [v * 1.1 for v in t.image_std]))
+
+
+def plant_size_fault(monkeypatch) -> None:
+    """The model's resize 32 px short: the sizes of the model's own transform (which resizes
+    in the letterbox kind), and those the loader is given to resize as the model would (the
+    reference presets' and SSD's; their model transform never resizes)."""
+    import cocodet.transforms.model_resize as model_resize
+
+    def smaller(t):
+        t.min_size, t.max_size = tuple(m - 32 for m in t.min_size), t.max_size - 32
+
+    plant_transform_fault(monkeypatch, smaller)
+    builder, fixed = model_resize.builder_sizes, model_resize.fixed_sizes
+    monkeypatch.setattr(model_resize, "builder_sizes", lambda *a: tuple(v - 32 for v in builder(*a)))
+    monkeypatch.setattr(model_resize, "fixed_sizes", lambda *a: tuple(v - 32 for v in fixed(*a)))
+
+
+FAULTS = {"anchor size": plant_anchor_fault, "image_mean": plant_mean_fault, "image_std": plant_std_fault,
+          "resize": plant_size_fault}
+
+
+def unseen_faults(args: list[str], ckpt: str, ann: Path, run_dir: Path, monkeypatch, letterbox: bool) -> list[str]:
+    """The FAULTS that the parity comparison did not see, each planted alone for a mode=eval
+    (which undoes it once run) of the first image: one is enough to see a fault, at a quarter
+    of the forward passes."""
+    import json
+
+    data = json.loads(ann.read_text())
+    first = min(im["id"] for im in data["images"])
+    data["images"] = [im for im in data["images"] if im["id"] == first]
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] == first]  # every category kept
+    run_dir.mkdir(parents=True, exist_ok=True)
+    one = run_dir / "one_image.json"
+    one.write_text(json.dumps(data))
+    args = [a for a in args if not a.startswith("dataset.val_ann=")] + [f"dataset.val_ann={one}"]
+    unseen = []
+    for name, plant in FAULTS.items():
+        plant(monkeypatch)
+        _, wrong, _, _ = output_parity(args, ckpt, one, run_dir / name.replace(" ", "_"), monkeypatch, letterbox)
+        if not wrong:
+            unseen.append(name)
+    return unseen
+
+
+def public_full_eval(ckpt: str, ref: dict, images: Path, ann: Path) -> np.ndarray:
     """Reported, not gated: torchvision's path with its own input, as the reference evaluates:
     CocoDetection, ToImage and ToDtype (float [0, 1]), the model's own float resize and its
     postprocess back to the stored size; then the same results conversion and COCOeval."""
     from torchvision.datasets import CocoDetection
     from torchvision.transforms import v2
 
-    public = public_model(module, name)
+    public = public_model(ckpt, ref, letterbox=False)
     del public.transform.resize  # torchvision's own resize again
     dataset = CocoDetection(str(images), str(ann))
     to_input = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
-    label_ids, results = module.category_ids, []
+    label_ids, results = ref["category_ids"], []
     with torch.no_grad():
         for k, image_id in enumerate(dataset.ids):
             out = public([to_input(dataset[k][0])])[0]
@@ -165,29 +266,36 @@ def public_full_eval(module, name: str, images: Path, ann: Path) -> np.ndarray:
     return coco_stats(ann, results, list(dataset.ids))
 
 
-def public_results(model, batches, category_ids: np.ndarray, letterbox: bool) -> list[dict]:
+def public_results(model, batches, ref: dict, letterbox: bool) -> tuple[list[dict], list[str]]:
     """COCO results of ``model`` on cocodet's val tensors, the reference's way: boxes from the
-    network input back to the stored image (``resize_boxes`` per axis from the input's valid
-    size, as GeneralizedRCNNTransform.postprocess does; a letterbox by its scale, since the
-    reference has none), label 0 dropped, labels to category ids, boxes to xywh."""
-    results = []
+    network input back to the stored image (``resize_boxes`` per axis from the input's size, as
+    GeneralizedRCNNTransform.postprocess does; a letterbox by its scale, the recipe's side over
+    the stored long side, since the reference has none), label 0 dropped, labels to the
+    annotation file's category ids, boxes to xywh. Also each input whose size is not the
+    reference's: torchvision's resize of the stored image, or the letterbox's square."""
+    results, wrong = [], []
     with torch.no_grad():
         for images, targets in batches:
             for out, image, target in zip(model(images), images, targets):
-                orig_h, orig_w, scale_y, scale_x = (float(v) for v in target["to_original"][:4])
+                image_id = int(target["image_id"])
+                stored_h, stored_w = ref["stored_hw"][image_id]
+                expected = ((ref["side"], ref["side"]) if letterbox else
+                            tuple(model.reference_resize(torch.zeros(3, stored_h, stored_w))[0].shape[-2:]))
+                if tuple(image.shape[-2:]) != expected:
+                    wrong.append(f"image {image_id}: input {tuple(image.shape[-2:])}, the reference's {expected}")
                 boxes = out["boxes"]
                 if letterbox:
-                    boxes = boxes / torch.tensor([scale_x, scale_y, scale_x, scale_y])
-                    boxes[:, 0::2] = boxes[:, 0::2].clamp(0, orig_w)
-                    boxes[:, 1::2] = boxes[:, 1::2].clamp(0, orig_h)
+                    boxes = boxes * max(stored_h, stored_w) / ref["side"]
+                    boxes[:, 0::2] = boxes[:, 0::2].clamp(0, stored_w)
+                    boxes[:, 1::2] = boxes[:, 1::2].clamp(0, stored_h)
                 else:
-                    boxes = resize_boxes(boxes, tuple(image.shape[-2:]), (int(orig_h), int(orig_w)))
+                    boxes = resize_boxes(boxes, tuple(image.shape[-2:]), (stored_h, stored_w))
                 keep = out["labels"] > 0
                 for box, score, label in zip(boxes[keep].tolist(), out["scores"][keep].tolist(),
                                              out["labels"][keep].tolist()):
-                    results.append({"image_id": int(target["image_id"]), "category_id": int(category_ids[label - 1]),
+                    results.append({"image_id": image_id, "category_id": int(ref["category_ids"][label - 1]),
                                     "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "score": score})
-    return results
+    return results, wrong
 
 
 def coco_stats(ann: Path, results: list[dict], image_ids: list[int]) -> np.ndarray:
@@ -230,13 +338,13 @@ def gated_mismatches(ours: dict, by_image: dict, theirs: list[dict], stats: np.n
     return wrong
 
 
-def output_parity(args: list[str], name: str, ckpt: str, ann: Path, run_dir: Path, monkeypatch, letterbox: bool):
+def output_parity(args: list[str], ckpt: str, ann: Path, run_dir: Path, monkeypatch, letterbox: bool):
     """(cocodet's mode=eval summary, the gated mismatches, torchvision's stats, the module)."""
     summary, by_image, batches, module = cocodet_eval(args, ckpt, run_dir, monkeypatch)
-    public = public_model(module, name)
-    theirs = public_results(public, batches, module.category_ids, letterbox)
+    ref = reference(args, ann)
+    theirs, wrong = public_results(public_model(ckpt, ref, letterbox), batches, ref, letterbox)
     stats = coco_stats(ann, theirs, list(by_image))
-    return summary, gated_mismatches(module.last_metrics, by_image, theirs, stats), stats, module
+    return summary, wrong + gated_mismatches(module.last_metrics, by_image, theirs, stats), stats, module
 
 
 @pytest.fixture(scope="module")
@@ -258,14 +366,12 @@ def overfit(coco_tiny, tmp_path_factory):
 def test_cocodet_scores_a_checkpoint_as_torchvisions_path_does(kind, overfit, tmp_path, monkeypatch):
     ann, trained = overfit
     args, ckpt, training = trained[kind]
-    name = next(a.split("=", 1)[1] for a in args if a.startswith("model="))
-    summary, wrong, stats, module = output_parity(args, name, ckpt, ann, tmp_path, monkeypatch, letterbox=False)
+    summary, wrong, stats, module = output_parity(args, ckpt, ann, tmp_path, monkeypatch, letterbox=False)
     assert summary["map50"] >= 0.2, summary["map50"]  # it learned something: zeros prove nothing
     assert wrong == []
-    plant_anchor_fault(monkeypatch)  # undone by cocodet_eval once its mode=eval ran
-    _, faulty, _, _ = output_parity(args, name, ckpt, ann, tmp_path / "fault", monkeypatch, letterbox=False)
-    assert faulty, "a changed anchor size in cocodet's model went unseen"
-    own = public_full_eval(module, name, coco_tiny_images(args), ann)
+    assert unseen_faults(args, ckpt, ann, tmp_path / "faults", monkeypatch, letterbox=False) == [], \
+        "faults planted in cocodet's model went unseen"
+    own = public_full_eval(ckpt, reference(args, ann), coco_tiny_images(args), ann)
     print(f"{kind}: mode=eval {[round(summary[k], 4) for k in STATS]}; torchvision's path on the same tensors "
           f"{stats.round(4).tolist()}; on its own input {own.round(4).tolist()} (reported, not gated)")
 
