@@ -41,7 +41,7 @@ def shifted_boxes(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
 
 @pytest.mark.slow
 def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch):
-    import cocodet.models.detector as detector
+    import cocodet.models.evaluation as evaluation  # where validation's results are made (coco_results)
 
     ann = build_subset(coco_tiny, tmp_path / "subset")
     args = dataset_args(coco_tiny, ann)
@@ -106,11 +106,11 @@ def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch)
     assert unseen_faults(parity, trained["last_ckpt"], ann, tmp_path / "parity_faults", monkeypatch,
                          letterbox=True) == [], "faults planted in cocodet's model went unseen"
 
-    monkeypatch.setattr(detector, "to_original_frame", shifted_boxes)
+    monkeypatch.setattr(evaluation, "to_original_frame", shifted_boxes)
     shifted = run_in_process(evaluate, tmp_path / "shifted")
     monkeypatch.undo()
 
-    real = detector.detections_to_coco
+    real = evaluation.detections_to_coco
     order = sorted(c["id"] for c in json.loads(ann.read_text())["categories"])
 
     def next_category(image_id, boxes, scores, category_ids):
@@ -118,7 +118,7 @@ def test_real_images_memorised_and_faults_fail(coco_tiny, tmp_path, monkeypatch)
         moved = np.array([order[(order.index(int(c)) + 1) % len(order)] for c in category_ids], dtype=np.int64)
         return real(image_id, boxes, scores, moved)
 
-    monkeypatch.setattr(detector, "detections_to_coco", next_category)
+    monkeypatch.setattr(evaluation, "detections_to_coco", next_category)
     relabelled = run_in_process(evaluate, tmp_path / "relabelled")
     print(f"mAP@0.5 clean {clean['map50']:.3f}, boxes shifted {shifted['map50']:.3f}, "
           f"labels shifted {relabelled['map50']:.3f} (training: {trained['map50']:.3f})")
