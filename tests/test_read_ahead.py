@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+import s3fs  # noqa: F401  (pinned: a bucket root reads through it; imported, so its absence fails rather than skips)
 
 from conftest import run_in_process
 from moto_store import DUMMY_KEYS, filled_store, recorded
 
-pytest.importorskip("s3fs")
 BUCKET = "coco-ahead"
 
 
