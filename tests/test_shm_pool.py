@@ -120,3 +120,17 @@ def test_workers_keep_buffers_only_where_the_shm_budget_has_room_for_them():
     assert tight.num_workers == 3 and tight.reused_buffers("train") == 0 and tight.reused_buffers("val") == 0
     in_process = plan(batch_size=16, res=host(usable_cpus=2), policy="explicit", requested=0)
     assert in_process.reused_buffers("train") == 0
+
+
+def test_a_batch_received_in_inference_mode_is_handed_back_outside_it():
+    """Validation iterates its loader under torch.inference_mode: a lease rebuilt there holds an
+    inference tensor, and training's next batch hands it back outside inference mode."""
+    loader = torch.utils.data.DataLoader(Filled(16), batch_size=4, num_workers=1, prefetch_factor=2,
+                                         collate_fn=Collate(capacity=3), multiprocessing_context="fork")
+    leases = []
+    with torch.inference_mode():
+        for batch in loader:
+            leases.append(batch.lease)
+            del batch
+    release_expired()  # outside inference mode
+    assert all_handed_back(leases)

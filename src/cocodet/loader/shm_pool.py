@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -38,7 +39,10 @@ class Lease:
         return _received, (self.board, self.slot, self.images)
 
 
-_held: list[tuple[StorageWeakRef, torch.Tensor, int]] = []  # the main process's leases still in use
+# The main process's leases still in use: (the images' storage, the board as numpy, the entry). The
+# board is written through numpy: a batch received inside validation's inference mode rebuilds
+# it as an inference tensor, which torch refuses to update in place once training resumes.
+_held: list[tuple[StorageWeakRef, np.ndarray, int]] = []
 _held_lock = threading.Lock()  # leases arrive on the pin-memory thread and the main thread
 
 
@@ -47,7 +51,7 @@ def _received(board: torch.Tensor, slot: int, images: torch.Tensor) -> Lease:
     this one by a weak reference only (a strong one would keep the batch's shm alive)."""
     release_expired()
     with _held_lock:
-        _held.append((StorageWeakRef(images.untyped_storage()), board, slot))
+        _held.append((StorageWeakRef(images.untyped_storage()), board.numpy(), slot))
     return Lease(board, slot, None)
 
 
