@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cocodet.datasets.index import CocoIndex
 from cocodet.schema import Rule
+
+if TYPE_CHECKING:  # the config's validation reads this table without the index's libraries
+    from cocodet.datasets.index import CocoIndex
 
 
 @dataclass(frozen=True)
