@@ -179,3 +179,64 @@ def test_a_guarded_client_travels_to_a_sweeps_jobs(tmp_path):
     copy = pickle.loads(pickle.dumps(guard))
     assert copy.tracking_uri == guard.tracking_uri and copy.alive and copy.unsent == 0
     assert copy._lock is not guard._lock
+
+
+
+class _SignalledLock:
+    """A lock that says when another thread has begun waiting for it."""
+
+    def __init__(self):
+        import threading
+
+        self._lock, self.waited = threading.Lock(), threading.Event()
+
+    def acquire(self, *args, **kwargs):
+        self.waited.set()
+        return self._lock.acquire(*args, **kwargs)
+
+    def release(self):
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_an_outage_ends_in_one_line_when_the_retry_and_the_close_both_empty_the_queue(tmp_path, caplog,
+                                                                                    monkeypatch):
+    """The background retry and the run's closing calls may both find the queue empty at the
+    end of one outage: the log says once that the server is back, as many times as `outages`."""
+    import threading
+
+    from cocodet.tracking import guard as guard_module
+    from cocodet.tracking.guard import GuardedClient
+
+    monkeypatch.setattr(guard_module, "RETRY_FIRST_S", 3600.0)  # the test plays the retry's part itself
+
+    class Flaky:
+        down = True
+
+        def log_batch(self, run_id, metrics):
+            if self.down:
+                raise ConnectionError("refused")
+
+    guard = GuardedClient("http://127.0.0.1:1", tmp_path / "mlflow_unsent.jsonl")
+    guard._client, guard._sending = Flaky(), _SignalledLock()
+    with caplog.at_level(logging.WARNING):
+        for step in range(3):
+            guard.call("log_batch", "run-1", [step], keep={"run_id": "run-1", "step": step})
+        guard._client.down = False
+        guard._sending.acquire()  # the retry is sending the queue when the run's close begins
+        guard._sending.waited.clear()
+        with guard.closing(30):
+            closer = threading.Thread(target=guard._flush)  # what closing() does at its end
+            closer.start()
+            assert guard._sending.waited.wait(10)  # the close waits for the retry's send
+            assert guard._drain()
+            guard._sending.release()
+            guard._back()  # what the retry does once its send emptied the queue
+            closer.join(30)
+    guard.finish()
+    backs = [r.getMessage() for r in caplog.records if "answers again after" in r.getMessage()]
+    assert guard.outages == 1 and guard.unsent == 0 and len(backs) == 1, backs

@@ -188,10 +188,12 @@ class GuardedClient:
 
     def _back(self) -> bool:
         """The queue is empty: the server is used directly again (True), unless a call was
-        queued meanwhile (False: drain again)."""
+        queued meanwhile (False: drain again). Only the first of the retry and the close says so."""
         with self._lock:
             if self._pending:
                 return False
+            if self.failure is None:
+                return True
             down_for, self.failure, self._retry = time.monotonic() - self._down_at, None, None
         log.warning("MLflow: %s answers again after %.0f s; %d calls sent late, in order", redact(self.tracking_uri),
                     down_for, self.sent_late)
