@@ -8,6 +8,7 @@ and a status that tells a mistake from a crash. Unexpected errors keep their tra
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import sys
@@ -17,6 +18,8 @@ from omegaconf import DictConfig
 from cocodet.app import run
 from cocodet.credentials import refused_override
 from cocodet.loader.failures.hang import stacks_dir
+
+log = logging.getLogger(__name__)
 
 
 def main(hydra_main) -> None:
@@ -32,15 +35,19 @@ def main(hydra_main) -> None:
             sys.exit(2)
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing and exiting 1
     atexit.register(shutil.rmtree, stacks_dir(), True)  # the workers' stack-dump files (loader/failures/hang.py)
+    from cocodet.errors import UserError
+
     try:
         hydra_main()
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, UserError) as e:  # UserError: a grid sweep's failed job
         _exit_user_error(e)
 
 
-def task(cfg: DictConfig) -> dict:
-    """The job: :func:`run`, with user errors (a bad value, a missing path, malformed
-    annotations) reported in one line and exit status 2; unexpected errors keep their traceback."""
+def task(cfg: DictConfig) -> float | None:
+    """The job: :func:`run`, and the figure it hands Hydra (``search/objective.py``). User
+    errors (a bad value, a missing path, malformed annotations) end a single run in one line and
+    exit status 2; inside a multirun they are raised, so that Hydra records the job as failed and
+    the sweep goes on. Unexpected errors keep their traceback."""
     from hydra.errors import InstantiationException
 
     from cocodet.errors import UserError
@@ -48,14 +55,43 @@ def task(cfg: DictConfig) -> dict:
     try:
         summary = run(cfg)
     except UserError as e:
-        _exit_user_error(e)
+        _user_error(e)
     except InstantiationException as e:
         if isinstance(e.__cause__, UserError):  # raised inside a constructor built from config
-            _exit_user_error(e.__cause__)
+            _user_error(e.__cause__)
         raise
     if summary.get("status") == "interrupted":  # Ctrl-C: the summary is written; a shell's 128 + SIGINT
         sys.exit(130)
-    return summary
+    return _figure(summary, cfg)
+
+
+def _figure(summary: dict, cfg: DictConfig) -> float | None:
+    from cocodet.search.objective import TrialFailed, figure
+
+    try:
+        return figure(summary, str(cfg.mode), cfg.get("optimized_metric"))
+    except TrialFailed as e:
+        if _in_multirun():
+            _user_error(e)
+        if summary.get("status", "completed") == "completed":  # a single run that completed keeps its status
+            log.warning("%s", e)
+        return None
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _user_error(error: BaseException) -> None:
+    """A single run: one line, exit 2. A multirun's job: the error line in the job's log, then
+    raised for Hydra to record (a sweeper reads it as the trial's failure)."""
+    if not _in_multirun():
+        _exit_user_error(error)
+    log.error("error: %s", _one_line(error))
+    raise error
 
 
 def _exit_user_error(error: BaseException) -> None:

@@ -134,6 +134,9 @@ RULES = (
          "auto (500 on several nodes or under torchrun restarts, else 0) or an integer >= 0 (0: checkpoints at epoch "
          "ends and on SIGTERM only)"),
     _choice("weights_only", _BOOL),
+    Rule("optimized_metric", lambda v: isinstance(v, str) and v.isidentifier(),
+         "auto (map50 for mode=train and eval, examples_per_s for bench) or a numeric top-level summary key"),
+    _choice("optimized_direction", ("auto", "maximize", "minimize")),
     Rule("bench.batches", _int(1), "an integer >= 1, or null for whole epochs", optional=True),
     Rule("bench.warmup", _int(0), "an integer >= 0"),
     Rule("bench.epochs", _int(1), "an integer >= 1"),

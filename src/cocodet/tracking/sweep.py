@@ -52,8 +52,23 @@ class MlflowSweep(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if self.parent is not None and self.parent.run_id:
+            best = best_trial_tags(Path(str(config.hydra.sweep.dir)))
             with self.parent.guard.closing(10.0):
+                if best:
+                    self.parent.set_tags(best)
                 self.parent.end("completed")
+
+
+def best_trial_tags(sweep_dir: Path) -> dict[str, str]:
+    """A searching sweep's winner (``search/winner.py``'s best.yaml) as the parent's tags."""
+    import yaml
+
+    path = sweep_dir / "best.yaml"
+    if not path.is_file():
+        return {}
+    best = yaml.safe_load(path.read_text())
+    return {"cocodet.best_trial": str(best["trial"]), "cocodet.best_value": str(best[best["metric"]]),
+            "cocodet.best_metric": best["metric"], "cocodet.best_overrides": redact(" ".join(best["overrides"]))}
 
 
 def sweep_parent_id() -> str | None:
