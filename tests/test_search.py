@@ -165,3 +165,15 @@ def test_a_recipe_search_scores_trials_by_map50_as_child_runs_of_one_parent(synt
         assert float(parent.data.tags["cocodet.best_value"]) == best.value
     finally:
         server.stop()
+
+
+def test_a_grid_sweep_runs_every_job_past_a_refused_one_then_says_why(synthetic_root, tmp_path):
+    """A grid sweep (Hydra's basic sweeper) whose first job's setting is refused: the second job
+    still runs, and the sweep ends with the refusal's one line, exit 2."""
+    args = [a for a in SLEEPING if not a.startswith(("hparams_search", "hydra.sweeper"))]
+    proc = subprocess.run([sys.executable, "train.py", "-m", "mode=bench", "loader=explicit", "loader.num_workers=0",
+                           *args, *synthetic_overrides(synthetic_root), "loader.prefetch_factor=0,2",
+                           f"hydra.sweep.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: loader.prefetch_factor=0"), proc.stderr[-2000:]
+    assert not (tmp_path / "0" / "summary.json").exists() and (tmp_path / "1" / "summary.json").is_file()
