@@ -267,7 +267,7 @@ def test_batches_are_padded_to_their_own_largest_image(coco_tiny):
 
 
 def test_pixel_cache_is_refused_in_one_line(coco_tiny, tmp_path):
-    from cocodet.datamodule import PixelCacheConfigError
+    from cocodet.data.split_datasets import PixelCacheConfigError
 
     with pytest.raises(PixelCacheConfigError, match="dataset.cache=ram cannot hold what HFlip reads.*about 100 GB"):
         run_in_process(["mode=preview", "dataset=coco", f"dataset.root={coco_tiny}", "augment=hflip", "dataset.cache=ram",

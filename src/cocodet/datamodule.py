@@ -1,9 +1,9 @@
 """The LightningDataModule: the composition root of data, loader and timing.
 
-It reads the splits through ``datasets/splits.py`` (any layout), builds their datasets and hands
-them to the loader builder; what it records per batch it delegates: the train stream's position
-and digest to a :class:`StreamLedger`, bad samples to a :class:`BadSampleLedger`, copy times to
-a :class:`TransferTimer` (``data/batch_transfer.py``).
+It reads the splits through ``datasets/splits.py`` (any layout), builds their datasets
+(``data/split_datasets.py``) and their loaders (``train_val_loaders.py``); what it records per batch
+it delegates: the train stream's position and digest to a :class:`StreamLedger`, bad samples to a
+:class:`BadSampleLedger`, copy times to a :class:`TransferTimer` (``data/batch_transfer.py``).
 """
 
 from __future__ import annotations
@@ -11,36 +11,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
-import torch
 
 from cocodet.data.batch_transfer import BatchTransfer
 from cocodet.data.dataset import DetectionDataset
-from cocodet.data.pixel_cache import open_pixel_cache
-from cocodet.data.window_cache import WindowCache
+from cocodet.data.split_datasets import pixel_caches, refuse_uncacheable, split_datasets, verified_indexes
 from cocodet.datasets.bad_samples import BadSampleLedger
 from cocodet.datasets.splits import SplitLoader
-from cocodet.errors import BadSampleError, UserError
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
-from cocodet.images.verify import verify_indexes
-from cocodet.loader.build import build_loader
-from cocodet.loader.epoch_sampler import EpochSampler
-from cocodet.loader.grouped_sampler import GroupedEpochSampler
-from cocodet.loader.plan.records import LoaderPlan
-from cocodet.loader.rank_share import RankOrder
 from cocodet.loader.failures.replan import Replanner
-from cocodet.loader.stream_end import trainer_stream_end
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.stream_ledger import StreamLedger
-from cocodet.read_ahead.start import start_train_read_ahead
-from cocodet.storage.store import counts as storage_counts, is_remote
+from cocodet.storage.store import counts as storage_counts
+from cocodet.storage.store import is_remote
 from cocodet.timing.transfer import TransferTimer
+from cocodet.train_val_loaders import TrainValLoaders
 from cocodet.transforms.recipe import Recipe
 
 
-class PixelCacheConfigError(UserError):
-    """dataset.cache asked for without a place to keep it."""
-
-
-class CocoDataModule(BatchTransfer, L.LightningDataModule):
+class CocoDataModule(BatchTransfer, TrainValLoaders, L.LightningDataModule):
     """Train/val loaders over a detection dataset, built for a loader plan decided beforehand.
 
     Batches travel as FlatBatch (8 tensors) and are restored on the destination device in
@@ -76,13 +64,10 @@ class CocoDataModule(BatchTransfer, L.LightningDataModule):
                  replanner: Replanner | None = None, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
                  group_aspect_ratio: int | None = None, remote: dict | None = None, **dataset):
         super().__init__()
-        if cache != "none" and recipe.decode_size is None:
-            raise PixelCacheConfigError(
-                f"dataset.cache={cache} cannot hold what {type(recipe).__name__} reads: the pixel cache stores images "
-                f"letterboxed to dataset.image_size, and the reference presets read stored pixels (COCO train decoded: "
-                f"about 100 GB); use dataset.cache=none, or augment=mosaic|basic|none")
+        refuse_uncacheable(cache, recipe)
         if recipe.image_size != image_size:
-            raise ValueError(f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}")
+            raise ValueError(
+                f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}")
         keep_empty = dataset.pop("keep_empty", None)
         self.split_loader = SplitLoader(**dataset, keep_empty=recipe.keep_empty if keep_empty is None else keep_empty,
                                         on_bad_sample=on_bad_sample, cache_dir=cache_dir)
@@ -123,37 +108,13 @@ class CocoDataModule(BatchTransfer, L.LightningDataModule):
         self.train_store = {"root": root, "images": images, "remote": self.remote, "cache_dir": self.cache_dir}
         on_bad_sample = self.split_loader.on_bad_sample
         if self.verify:  # before the pixel caches: they hold only the images kept
-            self._verify(on_bad_sample)
-        train_pixels, val_pixels = self._pixel_caches()
-        # Both sets are read only through the FlatBatch collate, which copies every batch.
-        self.train_set = DetectionDataset(self.train_index, self.recipe, self.seed, on_bad_sample, train_pixels,
-                                          reuse_outputs=True, max_image_pixels=self.max_image_pixels)
-        self.val_set = DetectionDataset(self.val_index, self.eval_recipe, self.seed, on_bad_sample, val_pixels,
-                                        reuse_outputs=True, max_image_pixels=self.max_image_pixels)
-
-    def _pixel_caches(self) -> tuple:
-        """(train, val) pixel caches of ``dataset.cache`` (None, None for none), built with the plan's CPUs."""
-        if self.cache == "none":
-            return None, None
-        if self.cache_dir is None:
-            raise PixelCacheConfigError(f"dataset.cache={self.cache} needs dataset.cache_dir (it is null): set a "
-                                        "folder with room for the images at dataset.image_size, or use dataset.cache=none")
-        return tuple(open_pixel_cache(index, self.image_size, self.cache, self.cache_dir, split, self.plan.usable_cpus,
-                                      self.max_image_pixels)
-                     for index, split in ((self.train_index, "train"), (self.val_index, "val")))
-
-    def _verify(self, on_bad_sample: str) -> None:
-        """dataset.verify: scan every image once. With on_bad_sample=skip, the images found bad
-        never enter sampling (and count as skipped); with raise, the run ends on the first
-        one as it would when drawing it, before any training."""
-        problems = verify_indexes(self.train_index, self.val_index, self.run_dir or Path.cwd(), self.max_image_pixels)
-        for split in ("train", "val"):
-            if problems[split] and on_bad_sample == "raise":
-                raise BadSampleError(*(problems[split][0][key] for key in ("file", "image_id", "reason")))
-            if problems[split]:
-                index = getattr(self, f"{split}_index")
-                setattr(self, f"{split}_index", index.without({p["index"] for p in problems[split]}))
-                self.bad_samples.exclude(split, problems[split])
+            self.train_index, self.val_index = verified_indexes(
+                self.train_index, self.val_index, self.run_dir or Path.cwd(), self.max_image_pixels, on_bad_sample,
+                self.bad_samples)
+        pixels = pixel_caches(self.train_index, self.val_index, self.image_size, self.cache, self.cache_dir,
+                              self.plan, self.max_image_pixels)
+        self.train_set, self.val_set = split_datasets(self.train_index, self.val_index, self.recipe, self.eval_recipe,
+                                                      self.seed, on_bad_sample, pixels, self.max_image_pixels)
 
     def validate_on_train_split(self) -> None:
         """Make the validation loader read the train split (validation's recipe): ``mode=eval
@@ -173,20 +134,6 @@ class CocoDataModule(BatchTransfer, L.LightningDataModule):
     def num_classes(self) -> int:
         return self.train_index.num_classes
 
-    def _sampler(self, dataset: DetectionDataset, shuffle: bool) -> EpochSampler:
-        rank, world = 0, 1
-        if self.trainer is not None:
-            rank, world = self.trainer.global_rank, self.trainer.world_size
-        if shuffle and self.group_aspect_ratio:  # the train stream; validation keeps its order
-            return GroupedEpochSampler(dataset.index.sizes, self.batch_size, self.group_aspect_ratio, self.seed,
-                                       rank, world)
-        window = dataset.recipe.partner_window if shuffle else 0
-        if window:  # window partners index this rank's order; the cache is made once, before any worker forks
-            if self.window_cache is None and dataset.pixel_cache is None and self.plan.window_slots:
-                self.window_cache = WindowCache(self.plan.window_slots, dataset.recipe.decode_size)
-            dataset.use_window(RankOrder(len(dataset), self.seed, rank, world), self.window_cache)
-        return EpochSampler(len(dataset), self.seed, shuffle, rank, world, pool=dataset.recipe.partner_pool, window=window)
-
     def state_dict(self) -> dict:
         """Where the train stream stands and the digest of what it delivered, for checkpoints."""
         epoch_done = None
@@ -201,35 +148,6 @@ class CocoDataModule(BatchTransfer, L.LightningDataModule):
 
     def _world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
-
-    def train_dataloader(self) -> torch.utils.data.DataLoader:
-        position = self.stream.start(self._world_size())
-        sampler = self._sampler(self.train_set, shuffle=True)
-        start = self.stream.take_resume_start(sampler)
-        if self.read_ahead is None:
-            self.read_ahead = start_train_read_ahead(self.train_store, self.train_set, sampler, start, self.plan,
-                                                     self.batch_size, self.trainer, self.stream_batches)
-        loader = build_loader(self.train_set, sampler, self.batch_size, self.plan, position=position,
-                              across_epochs=True, replanner=self.replanner, stage="train", start=start)
-        end = trainer_stream_end(self.trainer, self.stream_batches, loader.batch_sampler.batches())
-        if end is not None:  # workers streaming on stop at the run's last batch
-            loader.batch_sampler.end_at(*end)
-        return loader
-
-    def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return build_loader(self.val_set, self._sampler(self.val_set, shuffle=False), self.val_batch_size, self.plan,
-                            replanner=self.replanner, stage="val")
-
-    def teardown(self, stage: str) -> None:
-        if self.window_cache is not None and stage == "fit":
-            self.train_set.use_window(self.train_set.rank_order, None)
-            self.window_cache.close()
-            self.window_cache = None
-        if self.read_ahead is not None:
-            self.read_ahead.stop()
-            self.train_set.reader.copies = None  # its copies' folder is given back: read the store again
-            self.read_ahead_record = self.read_ahead.summary()
-            self.read_ahead = None
 
     def remote_summary(self) -> dict | None:
         """What the store served this process and its workers (``summary.json``'s ``remote``)."""
