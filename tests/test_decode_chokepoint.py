@@ -15,7 +15,8 @@ from src_scan import ScopedFinder, calls_in, calls_in_src
 ALLOWED = {
     "cocodet.images.decode._imdecode": "the one decode; reached only through decode_checked",
     "cocodet.images.header._pil_size": "PIL's lazy open reads the header only",
-    "cocodet.datasets.yolo_index._header": "PIL's lazy open of the bytes read_bytes gave: a YOLO image's size and EXIF orientation",
+    "cocodet.datasets.yolo_headers.image_header": "PIL's lazy open of the bytes read_bytes gave: a YOLO image's size "
+                                                   "and EXIF orientation",
     "cocodet.bench.common_way.CommonWayDataset._raw": "the PIL baseline; check_header first",
     "cocodet.inference.standalone_predict.read_image": "cannot import cocodet; its own header check first",
     "cocodet.inference.standalone_predict.header_size": "PIL's lazy open reads the header only",

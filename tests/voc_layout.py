@@ -1,7 +1,7 @@
 """Test helpers for the Pascal VOC layout: COCO splits written as VOC's folders, and the reverse,
 an independent converter from VOC XML to COCO JSON (the standard library's parser and PIL's
-sizes, not cocodet's reader: it shares no code with ``cocodet/datasets/voc.py``, so a fault
-there cannot cancel out in a parity test)."""
+sizes, not cocodet's reader: it shares no code with ``cocodet/datasets/voc.py`` or its XML
+reader ``cocodet/datasets/voc_xml.py``, so a fault there cannot cancel out in a parity test)."""
 
 from __future__ import annotations
 

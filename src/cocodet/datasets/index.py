@@ -1,5 +1,5 @@
 """The flat index every layout is read into, and COCO's instances JSON read into it (reading one
-sample is ``images/read.py``).
+sample is ``images/read.py``; which annotations and images a split keeps is ``keep_rules.py``).
 
 The index is built once in the main process from pycocotools and kept as flat numpy
 buffers plus offsets (detectron2-style), so DataLoader workers that touch it on every
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,9 +18,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from cocodet.datasets.keep_rules import image_stays, training_boxes
 from cocodet.datasets.paths import remote_inside, resolve_inside
-from cocodet.storage.store import is_dir, is_remote
 from cocodet.errors import UserError
+from cocodet.storage.store import is_dir, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ class CocoIndex:
 
 def load_coco_json(ann_file: Path) -> dict:
     if not ann_file.is_file():
-        raise DatasetConfigError(f"annotation file not found: {ann_file} (set dataset.root / dataset.{{train,val}}_ann)")
+        raise DatasetConfigError(
+            f"annotation file not found: {ann_file} (set dataset.root / dataset.{{train,val}}_ann)")
     try:
         # The standard library, not orjson: orjson parses COCO 2017 train about 1.4x faster but
         # peaks 1.7 GB higher (5.1 against 3.4 GB), and the parse happens once per file (cached).
@@ -133,13 +134,14 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
     for img in tqdm(images, desc=f"indexing {ann_file.name}", unit="image", disable=len(images) < 20_000,
                     mininterval=2.0):
         anns = anns_of.get(img["id"], [])
-        kept = _training_boxes(anns, label_of, dropped)
+        kept = training_boxes(anns, label_of, dropped)
         if not image_stays(keep_empty, kept, anns):
             dropped["empty_image"] += 1
             continue
         name = str(img.get("file_name", ""))
         path = remote_inside(image_root, name) if remote else resolve_inside(image_root, name, real_dirs)
-        problems.append("" if path is not None else f"file_name {img.get('file_name')!r} resolves outside the image root {image_root}")
+        problems.append("" if path is not None else
+                        f"file_name {img.get('file_name')!r} resolves outside the image root {image_root}")
         paths.append(str(path) if path is not None else "")
         image_ids.append(img["id"])
         sizes.append((img.get("height", 0), img.get("width", 0)))
@@ -173,13 +175,6 @@ def _image_root(image_root: str | os.PathLike) -> str | Path:
     return image_root if is_remote(image_root) else Path(os.path.abspath(image_root))
 
 
-def image_stays(keep_empty: bool | str, kept: list, anns: list[dict]) -> bool:
-    """Whether an image enters the index under the ``keep_empty`` rule (see build_index)."""
-    if keep_empty == "reference":
-        return bool(anns) and not all(any(side <= 1 for side in a["bbox"][2:]) for a in anns)
-    return bool(kept) or bool(keep_empty)
-
-
 def _check_ids(data: dict, ann_file: Path) -> None:
     """Refuse duplicate image ids and annotations of categories the file does not declare."""
     dup = sorted(i for i, n in Counter(img.get("id") for img in data["images"]).items() if n > 1)
@@ -203,24 +198,7 @@ def _annotations_by_image(data: dict, ann_file: Path) -> tuple[dict[int, list[di
     image_id_set = {img.get("id") for img in data["images"]}
     dropped = {"missing_image": sum(len(v) for k, v in anns_of.items() if k not in image_id_set)}
     if dropped["missing_image"]:
-        log.warning("%s: %d annotations point at image ids not in 'images'; dropped", ann_file, dropped["missing_image"])
+        log.warning("%s: %d annotations point at image ids not in 'images'; dropped", ann_file,
+                    dropped["missing_image"])
     return anns_of, dropped
 
-
-def _training_boxes(anns: list[dict], label_of: dict[int, int], dropped: dict[str, int]) -> list[tuple[list, int]]:
-    """(xyxy box, contiguous label) of the annotations a detector trains on; crowd regions and
-    boxes without area are counted in ``dropped`` instead."""
-    kept = []
-    for a in anns:
-        if a.get("iscrowd", 0):
-            dropped["crowd"] += 1  # left to COCOeval, which ignores detections matched to crowds
-            continue
-        x, y, w, h = a["bbox"]
-        if not all(math.isfinite(v) for v in (x, y, w, h)):
-            dropped["non_finite_box"] += 1  # JSON's NaN/Infinity: an Infinity width would clip to the image edge
-            continue
-        if not (w > 0 and h > 0):
-            dropped["degenerate_box"] += 1
-            continue
-        kept.append(([x, y, x + w, y + h], label_of[a["category_id"]]))
-    return kept

@@ -17,9 +17,10 @@ COCOeval scores it by, and cached as the YOLO layout's is.
   that does not parse, declares a DTD or entities (defusedxml refuses it unread), or lacks
   ``<filename>`` or ``<size>``; an object without a class or numeric corners, of a class outside
   ``dataset.classes``, without area, or past the image's edge by more than ``EDGE_PX``; a missing
-  image. Refused at start under ``on_bad_sample=raise`` (``splits.py``), skipped and recorded
-  under ``skip``. The cache key hashes the ids, the stamps of every XML and of every file under
-  ``JPEGImages/``, the classes and ``keep_empty``.
+  image (each XML is read and its objects checked by ``voc_xml.py``). Refused at start under
+  ``on_bad_sample=raise`` (``splits.py``), skipped and recorded under ``skip``. The cache key
+  hashes the ids, the stamps of every XML and of every file under ``JPEGImages/``, the classes
+  and ``keep_empty``.
 """
 
 from __future__ import annotations
@@ -27,41 +28,25 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import NamedTuple
-from xml.etree.ElementTree import ParseError
 
 import numpy as np
-from defusedxml import DefusedXmlException
-from defusedxml.ElementTree import fromstring
 
-from cocodet.datasets.index import CocoIndex, DatasetConfigError, image_stays
+from cocodet.datasets.index import CocoIndex, DatasetConfigError
 from cocodet.datasets.index_cache import INDEX_FORMAT, through_cache
+from cocodet.datasets.keep_rules import image_stays
 from cocodet.datasets.layouts import Source, Splits
 from cocodet.datasets.paths import remote_inside, resolve_inside
+from cocodet.datasets.voc_xml import Annotation, object_problem, read_xml
 from cocodet.datasets.yolo_index import image_ids
 from cocodet.storage.store import file_stamps, is_dir, is_remote, join, listing, read_bytes
 
 LISTS = {"train": "ImageSets/Main/train.txt", "val": "ImageSets/Main/val.txt"}
 GROUND_TRUTH = "ground_truth.json"
-MAX_XML_BYTES = 1 << 20  # a VOC annotation is a few KB; a larger file is not read
-# Corners this far past the edge are clipped later, as COCO's are: 0-based ones (xmin = 0) are common
-EDGE_PX = 1.0
-CORNERS = ("xmin", "ymin", "xmax", "ymax")
-
-
-class Annotation(NamedTuple):
-    """One XML read; ``objects``: (name, difficult, VOC corners or None); ``problem``: why not usable, or ""."""
-
-    filename: str
-    hw: tuple[int, int]
-    objects: list[tuple[str, bool, tuple[float, ...] | None]]
-    problem: str
 
 
 def read_splits(source: Source) -> Splits:
@@ -76,7 +61,7 @@ def read_splits(source: Source) -> Splits:
 
     def build(split: str, keep_empty: bool | str) -> CocoIndex:
         if not read:
-            read.update({s: [_read_xml(x, t) for x, t in zip(xmls[s], stamps[s])] for s in LISTS})
+            read.update({s: [read_xml(x, t) for x, t in zip(xmls[s], stamps[s])] for s in LISTS})
         names = list(classes) if classes else sorted({o[0] for a in read.values() for x in a for o in x.objects} - {""})
         index, truths[split] = _index(root, ids[split], xmls[split], read[split], names, images, keep_empty)
         return index
@@ -120,9 +105,10 @@ def _split_ids(root: str, split: str, listed: str) -> list[str]:
     repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
     odd = [i for i in ids if "/" in i or "\\" in i or i in (".", "..")]
     if not ids or repeated or odd:
-        why = "names no id" if not ids else f"repeats ids {repeated[:5]}" if repeated else f"has ids with paths {odd[:5]}"
-        raise DatasetConfigError(f"{path} (dataset.{split}_list) {why}: list each image's id (its Annotations/<id>.xml) "
-                                 "once per line")
+        why = ("names no id" if not ids else f"repeats ids {repeated[:5]}" if repeated else
+               f"has ids with paths {odd[:5]}")
+        raise DatasetConfigError(f"{path} (dataset.{split}_list) {why}: list each image's id (its "
+                                 "Annotations/<id>.xml) once per line")
     return sorted(ids)
 
 
@@ -135,53 +121,6 @@ def _image_stamps(root: str) -> dict[str, str]:
     return dict(zip(paths, file_stamps(paths)))
 
 
-def _read_xml(path: str, stamp: str) -> Annotation:
-    bad = lambda why: Annotation("", (0, 0), [], f"{path}: {why}")  # noqa: E731
-    if stamp == "missing":
-        return bad("no such annotation file (the split's list names its id)")
-    if (size := int(stamp.split("\0")[0])) > MAX_XML_BYTES:
-        return bad(f"{size} bytes, above {MAX_XML_BYTES}; not read")
-    try:
-        tree = fromstring(read_bytes(path), forbid_dtd=True)  # entities and external references: refused too
-    except DefusedXmlException as e:
-        return bad(f"refused unread: it declares a DTD or entities ({type(e).__name__}); a VOC annotation needs "
-                   "neither, remove the <!DOCTYPE> declaration")
-    except ParseError as e:
-        return bad(f"not well-formed XML ({e})")
-    except OSError as e:
-        return bad(f"cannot be read ({e})")
-    try:
-        hw = (int(tree.findtext("size/height")), int(tree.findtext("size/width")))
-    except (TypeError, ValueError):
-        hw = (0, 0)
-    filename = (tree.findtext("filename") or "").strip()
-    if not filename or min(hw) <= 0:
-        return bad("needs <filename> and a <size> with positive integer <width> and <height>")
-    objects = []
-    for obj in tree.findall("object"):
-        try:
-            corners = tuple(float(obj.findtext(f"bndbox/{c}")) for c in CORNERS)
-        except (TypeError, ValueError):
-            corners = None
-        difficult = (obj.findtext("difficult") or "0").strip() in ("1", "true", "True")
-        objects.append(((obj.findtext("name") or "").strip(), difficult, corners))
-    return Annotation(filename, hw, objects, "")
-
-
-def _object_problem(name: str, corners: tuple[float, ...] | None, hw: tuple[int, int], category: dict) -> str:
-    if not name or name not in category:
-        return "no <name>" if not name else f"class {name!r} is not in dataset.classes (its {len(category)} names)"
-    if corners is None or not all(math.isfinite(c) for c in corners):
-        return f"<bndbox> needs numeric {', '.join(CORNERS)}"
-    (xmin, ymin, xmax, ymax), (h, w) = corners, hw
-    shown = f"box xmin={xmin:g} ymin={ymin:g} xmax={xmax:g} ymax={ymax:g}"
-    if not (xmax - xmin + 1 > 0 and ymax - ymin + 1 > 0):
-        return f"{shown} has no area (corners are 1-based and inclusive: xmax >= xmin, ymax >= ymin)"
-    if xmin - 1 < -EDGE_PX or ymin - 1 < -EDGE_PX or xmax > w + EDGE_PX or ymax > h + EDGE_PX:
-        return f"{shown} lies outside the {w}x{h} image (corners run 1..{w} and 1..{h})"
-    return ""
-
-
 def _index(root: str, ids: list[str], xmls: list[str], anns: list[Annotation], names: list[str],
            images: dict[str, str], keep_empty: bool | str) -> tuple[CocoIndex, dict]:
     """The split's index, and its ground truth: image id -> [(category id, [x, y, w, h], iscrowd)]."""
@@ -192,7 +131,7 @@ def _index(root: str, ids: list[str], xmls: list[str], anns: list[Annotation], n
         path, problems = _image_path(root, ann.filename, images, real_dirs) if not ann.problem else ("", [ann.problem])
         boxes, labels, truth[image_id] = [], [], []
         for k, (name, difficult, corners) in enumerate(ann.objects, 1):
-            why = _object_problem(name, corners, ann.hw, category)
+            why = object_problem(name, corners, ann.hw, category)
             if why:
                 problems.append(f"{xml} <object> {k} of {len(ann.objects)}: {why}")
                 continue

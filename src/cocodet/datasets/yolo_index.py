@@ -1,8 +1,8 @@
 """A YOLO-layout split (``data.yaml``, images, ``labels/*.txt``) as the flat index COCO's splits
 are (``datasets/index.py``), cached the same way, with the COCO ground truth COCOeval scores it by.
 
-Image sizes and EXIF orientations come from headers (PIL's lazy open); nothing is decoded at
-start. Image ids are the file stems where all are numeric and distinct, else the positions
+Image sizes and EXIF orientations come from headers (PIL's lazy open, ``yolo_headers.py``); nothing
+is decoded at start. Image ids are the file stems where all are numeric and distinct, else the positions
 (0, 1, ...) in the split's sorted list of paths; the index is in image-id order, as COCO's is.
 Category ids are the class indices as ``names`` numbers them. Every image must lie under the
 dataset folder (``path``), symlinks resolved, as a COCO image must under its split's folder.
@@ -16,29 +16,25 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import io
 import json
 import os
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from cocodet.datasets.index import CocoIndex, DatasetConfigError
 from cocodet.datasets.index_cache import INDEX_FORMAT, through_cache
+from cocodet.datasets.keep_rules import boxes_stay
 from cocodet.datasets.layouts import Source, Splits
 from cocodet.datasets.paths import resolve_inside
+from cocodet.datasets.yolo_headers import image_header
 from cocodet.datasets.yolo_labels import label_path, read_labels
 from cocodet.datasets.yolo_yaml import IMAGE_SUFFIXES, YoloLayout, find_data_yaml, parent, read_data_yaml, resolve
 from cocodet.storage.store import file_stamps, is_dir, is_remote, listing, read_bytes
 
 GROUND_TRUTH = "ground_truth.json"
-EXIF_ORIENTATION = 0x0112
-# The bytes read for an image's size and EXIF orientation (a JPEG's EXIF block is at most 64 KiB
-# and comes before its frame header); a header that needs more is read whole.
-HEADER_BYTES = 1 << 17
 
 
 def read_splits(source: Source) -> Splits:
@@ -128,7 +124,7 @@ def build_split_index(layout: YoloLayout, split: str, images: list[str], image_s
         problem = _outside(layout.root, path, real_dirs)
         hw, orientation = (0, 0), 1
         if not problem:
-            hw, orientation, problem = _header(path, _size(image_stamp))
+            hw, orientation, problem = image_header(path, _size(image_stamp))
         labels = None
         if not problem:
             labels = read_labels(label_path(path), _size(stamp), hw, orientation, classes)
@@ -136,7 +132,7 @@ def build_split_index(layout: YoloLayout, split: str, images: list[str], image_s
             for reason, n in labels.dropped.items():
                 dropped[reason] += n
         boxes = labels.boxes if labels is not None else np.zeros((0, 4))
-        if not problem and not _stays(keep_empty, boxes):
+        if not problem and not boxes_stay(keep_empty, boxes):
             dropped["empty_image"] += 1
             continue
         for name, value in (("image_ids", image_id), ("sizes", hw), ("paths", path), ("problems", problem)):
@@ -169,40 +165,6 @@ def _outside(root: str, path: str, real_dirs: dict) -> str:
 def _size(stamp: str) -> int | None:
     """The byte size in a ``file_stamps`` stamp; None for a missing file."""
     return None if stamp == "missing" else int(stamp.split("\0")[0])
-
-
-def _header(path: str, size: int | None) -> tuple[tuple[int, int], int, str]:
-    """((height, width) as stored, EXIF orientation, problem) from the image's first bytes
-    (PIL's lazy open: a header, not a decode); read whole when those do not hold it."""
-    from PIL import Image
-
-    try:
-        if size is None:
-            raise FileNotFoundError(f"no such file: {path}")
-        data = read_bytes(path, limit=min(HEADER_BYTES, size)) if size else b""
-        for attempt in (0, 1):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the decode applies its own limit
-                    with Image.open(io.BytesIO(data)) as im:
-                        (w, h), orientation = im.size, im.getexif().get(EXIF_ORIENTATION, 1)
-                break
-            except (OSError, SyntaxError, ValueError):
-                if attempt or len(data) < HEADER_BYTES:
-                    raise
-                data = read_bytes(path)
-    except Image.DecompressionBombError as e:
-        return (0, 0), 1, f"too large to decode: {e}"
-    except Exception as e:  # noqa: BLE001 - a missing file, a format PIL does not know, a header cut short
-        return (0, 0), 1, f"cannot read the image header: {type(e).__name__}: {e}"
-    return (h, w), int(orientation) if isinstance(orientation, int) else 1, ""
-
-
-def _stays(keep_empty: bool | str, boxes: np.ndarray) -> bool:
-    """COCO's keep_empty rule (datasets/index.py ``image_stays``) for an image with no crowd regions."""
-    if keep_empty == "reference":
-        return len(boxes) > 0 and not bool(np.all((boxes[:, 2] - boxes[:, 0] <= 1) | (boxes[:, 3] - boxes[:, 1] <= 1)))
-    return len(boxes) > 0 or bool(keep_empty)
 
 
 def write_ground_truth(index: CocoIndex, folder: Path) -> str:
