@@ -24,7 +24,7 @@ import time
 log = logging.getLogger(__name__)
 
 STALE_BEATS = 3
-HOST, PID, BEAT, FAILURE = "cocodet.host", "cocodet.pid", "cocodet.heartbeat", "failure"
+HOST, PID, BEAT, FAILURE = "launcher_host", "launcher_pid", "heartbeat", "failure"
 STALE = "stale: its launcher stopped beating (killed, or its host lost)"
 SURPLUS = "surplus: the study held its n_trials when this trial was asked (another launcher asked at the same moment)"
 
