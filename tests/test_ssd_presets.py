@@ -19,7 +19,8 @@ from torchvision.transforms.v2 import functional as F
 from conftest import run_in_process
 from test_reference_presets import N_IMAGES, raws  # noqa: F401  (the same six coco_tiny images, a module fixture)
 from cocodet.transforms.model_resize import FIXED_SIZES, ModelSizeError
-from cocodet.transforms.ssd_presets import DISTORT_RANGES, IOU_OPTIONS, FixedResize, SingleShotPreset
+from cocodet.transforms.ssd_kernels import DISTORT_RANGES
+from cocodet.transforms.ssd_presets import IOU_OPTIONS, FixedResize, SingleShotPreset
 from cocodet.loader.flat_batch import flatten, restore
 from cocodet.models.zoo import LoaderSizedTransform, build_detector
 from cocodet.sample import make_sample

@@ -20,7 +20,8 @@ from cocodet.data.partners import window_position
 from cocodet.data.window_cache import HEADER, WindowCache
 from cocodet.errors import ConfigError
 from cocodet.loader.stream_position import ResumeError, StreamPosition
-from cocodet.transforms.augment import Mosaic, partner_source
+from cocodet.transforms.augment import Mosaic
+from cocodet.transforms.partner_source import partner_source
 
 
 def test_a_window_partner_is_one_of_the_w_positions_before_the_sample():

@@ -8,9 +8,8 @@ them in another order, or mixing two launchers' variables, gives answers that di
 the trainer's (a torchrun inside a SLURM allocation has both sets). Kubeflow's PyTorchJob is
 not detected by Lightning on its own and is left out here too.
 
-With a trainer, the reader's answers are checked against the trainer's (``check_ranks``) and a
-multi-process run ends in order (``finish_ranks``): the trainer is any object with Lightning's
-rank attributes, so nothing is imported for it.
+With a trainer, the reader's answers are checked against the trainer's and a multi-process run
+ends in order (``ranks_in_trainer.py``).
 
 Bottom layer: imports nothing of cocodet, and torch only to count the GPUs of ``devices=auto`` on a
 CUDA host (``mode=plan`` on a CPU never imports it).
@@ -19,14 +18,11 @@ CUDA host (``mode=plan`` on a CPU never imports it).
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import re
 import socket
 from dataclasses import dataclass
 from typing import Mapping
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -178,32 +174,6 @@ _ENVIRONMENTS = (
 )
 
 
-def check_ranks(trainer, ranks: Ranks) -> dict:
-    """The rank reader's answers beside the trainer's, logged by every rank; a disagreement is
-    a warning (the plan divided this host's CPUs and shm by the reader's local world size)."""
-    agrees = (ranks.global_rank, ranks.world_size) == (trainer.global_rank, trainer.world_size)
-    line = (f"rank reader ({ranks.launcher}): rank {ranks.global_rank} of {ranks.world_size}, local rank "
-            f"{ranks.local_rank} of {ranks.local_world_size}; trainer: rank {trainer.global_rank} of {trainer.world_size}")
-    if agrees:
-        log.info("%s: they agree", line)
-    else:
-        log.warning("%s: they disagree, so the loader plan may have divided this host by the wrong number of ranks; "
-                    "report the launcher's environment variables", line)
-    return {"launcher": ranks.launcher, "global_rank": ranks.global_rank, "world_size": ranks.world_size,
-            "local_world_size": ranks.local_world_size, "agrees_with_trainer": agrees}
-
-
-def finish_ranks(trainer) -> None:
-    """End a multi-process run in order: every rank meets here, then rank 0 waits for the
-    ranks it launched on this host, so its summary is the last line on the shared stdout."""
-    if trainer.world_size <= 1:
-        return
-    trainer.strategy.barrier("cocodet-summary")
-    if trainer.is_global_zero:
-        for proc in getattr(trainer.strategy.launcher, "procs", None) or []:
-            proc.wait(timeout=300)
-
-
 @dataclass(frozen=True)
 class ElasticLaunch:
     """What torchrun tells its workers beyond their ranks (design §7.4). ``run_id``: its
@@ -220,8 +190,11 @@ class ElasticLaunch:
 def elastic_launch(environ: Mapping[str, str] | None = None) -> ElasticLaunch:
     env = os.environ if environ is None else environ
     run_id = str(env.get("TORCHELASTIC_RUN_ID", "")).strip()
-    return ElasticLaunch(None if run_id.lower() in ("", "none") else run_id, max(0, _int(env, "TORCHELASTIC_MAX_RESTARTS")),
-                         env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+    return ElasticLaunch(
+        None if run_id.lower() in ("", "none") else run_id,
+        max(0, _int(env, "TORCHELASTIC_MAX_RESTARTS")),
+        env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+    )
 
 
 def leave_the_agents_store(port: int) -> None:

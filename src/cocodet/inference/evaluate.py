@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lightning as L
 
-from cocodet.ranks import finish_ranks
+from cocodet.ranks_in_trainer import finish_ranks
 from cocodet.models.evaluation import ALL_STAT_NAMES, per_category_ap, precision_recall
 
 log = logging.getLogger(__name__)

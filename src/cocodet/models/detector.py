@@ -13,8 +13,9 @@ import torch
 from cocodet import schema
 from cocodet.errors import TrainingStopped
 from cocodet.models.evaluation import DEFAULT_BACKEND
-from cocodet.models.health import HealthConfig, StepHealth, agree, sample_keys
+from cocodet.models.health import HealthConfig, StepHealth
 from cocodet.models.skipped_step import BufferSnapshot, drop_gradients, gradient_norm, gradients_finite
+from cocodet.models.step_window import agree, sample_keys
 from cocodet.models.validation import CocoValidation
 
 log = logging.getLogger(__name__)

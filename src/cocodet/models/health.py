@@ -6,10 +6,10 @@ after the warm-up) is named in a warning.
 
 :class:`StepHealth` holds the bookkeeping of one run; the module calls it. It decides nothing
 alone under DDP: each micro-batch's verdict is one small all-reduce (``[non-finite, stop]``,
-max over ranks), and the optimizer step is skipped when any micro-batch of its window was
-non-finite, so every rank skips the same steps and stops at the same step. The gradient
-verdict needs no collective: it is read after DDP's all-reduce, where every rank holds the
-same gradients.
+max over ranks; it and the window's record are ``models/step_window.py``'s), and the optimizer
+step is skipped when any micro-batch of its window was non-finite, so every rank skips the same
+steps and stops at the same step. The gradient verdict needs no collective: it is read after
+DDP's all-reduce, where every rank holds the same gradients.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from cocodet import schema
+from cocodet.models.step_window import Window
 
 log = logging.getLogger(__name__)
 
@@ -52,42 +51,6 @@ class FlatTerm:
     value: float
     since_step: int
     warned: bool = False
-
-
-@dataclass
-class Window:
-    """The micro-batches of one optimizer step (``trainer.accumulate_grad_batches`` of them):
-    the first non-finite one's terms, losses and samples, for the record of a skipped step.
-    ``cause``: "loss" (a micro-batch's loss on some rank) or "gradients" (finite losses, but
-    the step's gradients were not). ``targets``: each micro-batch's targets, kept by reference
-    so that a gradient skip can name the window's samples (read on the host only then);
-    ``losses`` holds the last micro-batch's terms until a non-finite one replaces them."""
-
-    nonfinite: bool = False
-    cause: str = ""
-    terms: list[str] = field(default_factory=list)
-    losses: dict[str, float] = field(default_factory=dict)
-    samples: list = field(default_factory=list)
-    targets: list = field(default_factory=list)
-
-    def add(self, targets, losses: dict[str, float]) -> None:
-        self.targets.append(targets)
-        if not self.nonfinite:
-            self.losses = losses
-
-    def note(self, terms: list[str], losses: dict[str, float], samples: list) -> None:
-        if not self.nonfinite:
-            self.nonfinite, self.cause, self.terms, self.losses, self.samples = True, "loss", terms, losses, samples
-
-    def note_gradients(self) -> None:
-        if not self.nonfinite:
-            self.nonfinite, self.cause = True, "gradients"
-            self.samples = [key for targets in self.targets for key in sample_keys(targets)]
-
-
-def sample_keys(targets) -> list[tuple]:
-    """``(epoch, index, image_id)`` of each sample of a micro-batch (restored targets)."""
-    return [(*(int(x) for x in t["sample_key"].tolist()), int(t["image_id"])) for t in targets]
 
 
 @dataclass
@@ -209,18 +172,6 @@ class StepHealth:
     def load_state_dict(self, state: dict) -> None:
         self.skipped, self.amp_skipped = int(state.get("skipped", 0)), int(state.get("amp_skipped", 0))
         self.most_confident = int(state.get("most_confident", 0))
-
-
-def agree(flags: list[bool], device: torch.device) -> list[bool]:
-    """Each flag true on any rank is true on every rank (one all-reduce, max); a single
-    process returns them as they are."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return flags
-    if torch.distributed.get_world_size() == 1:
-        return flags
-    tensor = torch.tensor([float(f) for f in flags], device=device)
-    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
-    return [bool(v) for v in tensor.tolist()]
 
 
 def confident_count(detections: list[dict], threshold: float) -> int:

@@ -27,7 +27,8 @@ from cocodet.models.zoo import seed_model_init
 from cocodet.inference.checkpoint import load_weights
 from cocodet.modes.last_run import resume_path
 from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
-from cocodet.ranks import Ranks, check_ranks, finish_ranks
+from cocodet.ranks import Ranks
+from cocodet.ranks_in_trainer import check_ranks, finish_ranks
 from cocodet.run_spec.records import RunSpec
 from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.tracking.continued_logs import continue_logs

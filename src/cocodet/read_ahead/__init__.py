@@ -15,6 +15,7 @@ module-level switch routes reads, so nothing else a process reads goes through t
 - ``listing_check.py``: whether fetched bytes are the listing's.
 - ``fetcher.py``: ``ReadAhead``, the thread and its GET threads.
 - ``fetch_plan.py``: what a pass fetches and evicts.
+- ``held_copies.py``: one object's fetch, and the copies already in the folder.
 
 Above ``storage/`` (which it reads through) and below the datamodule; nothing here imports
 torch.

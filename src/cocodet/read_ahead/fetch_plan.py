@@ -13,7 +13,8 @@ NEVER = np.iinfo(np.int64).max  # the next read of an object read no more in the
 class FetchPlanner:
     """The planning half of :class:`~cocodet.read_ahead.fetcher.ReadAhead`: it reads the
     fetcher's state (``epochs``, ``consumed``, ``sizes``, ``plannable``, ``failed``,
-    ``inflight``, the cache) and makes room through its ``_evict`` and ``_adopt_folder``."""
+    ``inflight``, the cache) and makes room through its ``_evict`` and ``_adopt_folder``
+    (``read_ahead/held_copies.py``)."""
 
     def _reads_left(self) -> tuple[np.ndarray, int, int, int]:
         """(dataset indices still to be read, in order, from the consumed position; where in

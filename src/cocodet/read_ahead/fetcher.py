@@ -46,16 +46,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from cocodet.read_ahead.fetch_plan import FetchPlanner, first_reads
+from cocodet.read_ahead.fetch_plan import FetchPlanner
+from cocodet.read_ahead.held_copies import HeldCopies
 from cocodet.read_ahead.object_cache import ObjectCache
 from cocodet.read_ahead.working_set import fetch_ahead
 
 log = logging.getLogger(__name__)
 
 
-class ReadAhead(FetchPlanner):
-    """This rank's read-ahead: the main thread's side, the loop, and the GET threads (what a
-    pass fetches and evicts: :class:`~cocodet.read_ahead.fetch_plan.FetchPlanner`).
+class ReadAhead(FetchPlanner, HeldCopies):
+    """This rank's read-ahead: the main thread's side and the loop, which hands fetches to the GET
+    threads (what a pass fetches and evicts: :class:`~cocodet.read_ahead.fetch_plan.FetchPlanner`;
+    one fetch, and the copies found in the folder: :class:`~cocodet.read_ahead.held_copies.HeldCopies`).
 
     Args:
         cache: the copies (its ``objects`` give each URL's size and ETag).
@@ -173,59 +175,6 @@ class ReadAhead(FetchPlanner):
                     self.peak_bytes = max(self.peak_bytes, self.cache.held_bytes())
                     if not self._stop:
                         self._changed.wait(timeout=0.5)
-
-    def _hold(self, k: int, read_at: int = -1) -> None:
-        self.held_mask[k] = True
-        self.pinned_until[k] = read_at
-
-    def _evict(self, k: int) -> None:
-        with self._changed:
-            self.cache.evict(self.paths[k])
-            self.held_mask[k] = False
-
-    def _fetch(self, k: int, seen: int) -> None:
-        """Fetch object k, unless a worker has made a GET of it since its count was ``seen``."""
-        url = self.paths[k]
-        try:
-            data = self.cache.fetch(url, reserved=True, seen=seen)
-            if data is None or not self.cache.held(url):  # dropped, or the disk refused the copy: nothing kept
-                with self._changed:                         # (the reservation was given back)
-                    self.held_mask[k] = False
-                    self.pinned_until[k] = -1
-                    self.dropped += data is None
-        except BaseException as e:  # noqa: BLE001 - the workers meet the same failure and end the run with it
-            log.warning("read-ahead: %s not fetched (%s); not fetched again by the read-ahead, workers read it "
-                        "directly", url, e)
-            with self._changed:
-                self.held_mask[k] = False
-                self.cache.release(int(self.sizes[k]))
-                self.failed[k] = f"{type(e).__name__}: {e}"
-        finally:
-            with self._changed:
-                self.inflight.discard(k)
-                self._changed.notify_all()
-
-    def _adopt_folder(self) -> None:
-        """Know every copy in the folder (the workers' misses, an earlier run's): by name."""
-        if not hasattr(self, "_index_of"):
-            self._index_of = {self.cache.path(p).name: k for k, p in enumerate(self.paths) if p in self.cache.objects}
-        for entry in self.cache.folder.iterdir():
-            k = self._index_of.get(entry.name)
-            if k is not None and not self.held_mask[k]:
-                with self._changed:
-                    self.held_mask[k] = True
-
-    def _adopt_existing(self) -> None:
-        """Count the copies an earlier run left against the budget, evicting down to it,
-        needed latest first, so the folder never holds more than the budget."""
-        self._adopt_folder()
-        held = np.flatnonzero(self.held_mask)
-        self.cache.release(-int(self.sizes[held].sum()))  # counted now: they are on disk
-        next_read = first_reads(self._reads_left()[0], len(self.paths))
-        for k in held[np.argsort(-next_read[held], kind="stable")].tolist():
-            if self.cache.held_bytes() <= self.budget:
-                break
-            self._evict(k)
 
     def summary(self) -> dict:
         """The read-ahead's record; ``held_bytes`` (the budget counted now) equals

@@ -6,9 +6,10 @@ request is bounded (``bound_requests``). The first failure starts an outage (one
 then on the training thread never waits on the server. Calls that write to a known run (metrics,
 tags, texts, artifacts, the status) are queued in order and sent again by a background thread,
 with a back-off from 2 s to 30 s; when the queue is empty the server is used directly again (one
-line says it is back). The run's last calls retry within ``close_within_s``, artifact uploads
-within their own bound. Every call not sent by then, and every call that could not be queued (a
-run never created, a read), is in ``<run>/mlflow_unsent.jsonl``, one JSON object per call, which
+line says it is back: ``tracking/retry_queue.py``). The run's last calls retry within
+``close_within_s``, artifact uploads within their own bound. Every call not sent by then, and
+every call that could not be queued (a run never created, a read), is in
+``<run>/mlflow_unsent.jsonl``, one JSON object per call, which
 ``python -m cocodet.tracking replay RUN_DIR`` sends later (``tracking/replay.py``).
 """
 
@@ -24,14 +25,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cocodet.credentials import redact
+from cocodet.tracking.retry_queue import RetryQueue
 from cocodet.tracking.unsent import UnsentCalls
 from cocodet.tracking.upload import UploadTooSlow, upload_within
 
 log = logging.getLogger(__name__)
-
-RETRY_FIRST_S, RETRY_CAP_S = 2.0, 30.0  # the background retry's back-off during an outage
-# Calls that write to a run already created: kept in order and sent once the server answers.
-QUEUED_CALLS = ("log_batch", "log_text", "log_artifact", "set_terminated")
 
 
 def bound_requests(timeout_s: int, max_retries: int) -> None:
@@ -43,9 +41,10 @@ def bound_requests(timeout_s: int, max_retries: int) -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
-class GuardedClient:
+class GuardedClient(RetryQueue):
     """An ``MlflowClient`` whose calls go through :meth:`call`. ``unsent_path``: where the calls
-    not sent are kept (created on the first one)."""
+    not sent are kept (created on the first one); what is kept, queued and sent again:
+    :class:`~cocodet.tracking.retry_queue.RetryQueue`."""
 
     def __init__(self, tracking_uri: str, unsent_path: str | Path):
         self.tracking_uri = tracking_uri
@@ -144,60 +143,6 @@ class GuardedClient:
         log.warning("MLflow: %s to %s failed (%s); training goes on, and what it sends meanwhile is kept in order "
                     "and sent again once the server answers (whatever is left at the end stays in %s)", method,
                     redact(self.tracking_uri), self.failure, self.unsent_path)
-
-    def _hold(self, method: str, args: tuple, kwargs: dict, keep: dict | None, queue: bool = True) -> None:
-        """Under the lock: keep the call in the unsent file; queue it for the retry when it
-        writes to a known run."""
-        seq = self._unsent.add(method, keep)
-        if queue and method in QUEUED_CALLS and (keep or {}).get("run_id") and not self._stop.is_set():
-            self._pending.append((seq, method, args, kwargs))
-            if self._retry is None:
-                self._retry = threading.Thread(target=self._retry_loop, daemon=True, name="cocodet-mlflow-retry")
-                self._retry.start()
-        return None
-
-    def _retry_loop(self) -> None:
-        delay = RETRY_FIRST_S
-        while not self._stop.wait(delay):
-            with self._sending:
-                emptied = self._drain()
-            if emptied and self._back():
-                return
-            delay = min(2 * delay, RETRY_CAP_S)
-
-    def _drain(self) -> bool:
-        """Send the queue's calls in order until one fails (holding ``_sending``); True when
-        it is empty."""
-        while True:
-            with self._lock:
-                if not self._pending:
-                    return True
-                seq, method, args, kwargs = self._pending[0]
-            try:
-                self._send(method, args, kwargs)
-            except UploadTooSlow:
-                pass  # listed as unsent; the queue goes on
-            except Exception as e:  # noqa: BLE001 - still down: try again later
-                log.debug("MLflow: still failing (%s)", e)
-                return False
-            else:
-                self._unsent.sent(seq)
-                self.sent_late += 1
-            with self._lock:
-                self._pending.popleft()
-
-    def _back(self) -> bool:
-        """The queue is empty: the server is used directly again (True), unless a call was
-        queued meanwhile (False: drain again). Only the first of the retry and the close says so."""
-        with self._lock:
-            if self._pending:
-                return False
-            if self.failure is None:
-                return True
-            down_for, self.failure, self._retry = time.monotonic() - self._down_at, None, None
-        log.warning("MLflow: %s answers again after %.0f s; %d calls sent late, in order", redact(self.tracking_uri),
-                    down_for, self.sent_late)
-        return True
 
     @contextmanager
     def closing(self, within_s: float, uploads: bool = False):

@@ -17,11 +17,10 @@ import cv2
 import numpy as np
 
 from cocodet import schema
-
 from cocodet.images.resize import letterbox_resize
 from cocodet.transforms.colour import jitter_hsv, jitter_matrix
-from cocodet.transforms.recipe import (  # noqa: F401  (the recipes' shared parts; Letterbox: augment=none)
-    PAD_VALUE, Letterbox, Raw, Recipe, Sample, canvas, hflip, letterbox)
+from cocodet.transforms.partner_source import partner_source
+from cocodet.transforms.recipe import PAD_VALUE, Letterbox, Raw, Recipe, Sample, canvas, hflip, letterbox  # noqa: F401  (the recipes' shared parts; Letterbox: augment=none)
 
 
 def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, float],
@@ -38,24 +37,6 @@ def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, 
     if b <= a:
         return None
     return lo, hi, a, b
-
-
-def partner_source(partners: str | None, partner_window: int | None, partner_pool: int | None) -> str:
-    """``window``, ``pool`` or ``dataset``: where a mosaic's partners come from, as the augment
-    keys say it (the plan's recipe shape and the recipe read them through this one function;
-    each key's own rule is checked earlier, by the config's validation or :class:`Mosaic`)."""
-    if partner_pool is not None and partners in (None, "window", "pool"):
-        return "pool"  # an integer pool selects pools, as it did before windows
-    if partners is None:
-        return "dataset"
-    if partners == "pool":
-        raise schema.ConfigError("augment.partners=pool needs augment.partner_pool (the pool's size, e.g. 8)")
-    if partners == "dataset" and partner_pool is not None:
-        raise schema.ConfigError(f"augment.partners=dataset and augment.partner_pool={partner_pool} contradict each "
-                                 "other: set augment.partner_pool=null, or augment.partners=pool")
-    if partners == "window" and partner_window is None:
-        raise schema.ConfigError("augment.partners=window needs augment.partner_window (positions, e.g. 48)")
-    return partners
 
 
 class Basic(Recipe):
@@ -107,7 +88,7 @@ class Mosaic(Recipe):
         center_range: the mosaic centre's range as fractions of the 2s canvas side.
         min_box_px: boxes narrower or lower than this (output pixels) are dropped.
         min_visibility: boxes keeping less than this fraction of their area are dropped.
-        partners: where the three partners of a mosaic come from (:func:`partner_source`):
+        partners: where the three partners of a mosaic come from (``transforms/partner_source.py``):
             ``window``, the ``partner_window`` positions of this rank's epoch order before the
             sample (images the workers decoded moments ago, shared through the window cache);
             ``pool``, the aligned run of ``partner_pool`` samples it belongs to (a batch decodes

@@ -15,7 +15,8 @@ float32, sizes truncate to int): the distort's four on/off draws each followed b
 the contrast order, the channel-shuffle draw and permutation; the zoom's apply draw, side
 factor and two offsets; the crop's minimum-IoU choice and, per trial, two scales and (when the
 aspect ratio passes) two offsets. The zoomed canvas is never materialised: only the region the
-crop keeps is composed (the same pixels as cropping the padded canvas).
+crop keeps is composed (the same pixels as cropping the padded canvas). The draws are here; what
+they drive (the distort, the composed region, the crop's IoU) is ``transforms/ssd_kernels.py``.
 
 Facts from torchvision 0.29 ``transforms/v2`` (``RandomPhotometricDistort``, ``RandomZoomOut``,
 ``RandomIoUCrop``, ``SanitizeBoundingBoxes``) and pytorch/vision ``references/detection/presets.py``;
@@ -29,11 +30,9 @@ import numpy as np
 from cocodet.transforms import model_resize
 from cocodet.transforms.recipe import Raw, Sample
 from cocodet.transforms.reference_presets import ReferencePreset, resize_uint8, scale_boxes
+from cocodet.transforms.ssd_kernels import DISTORT_RANGES, box_iou_max, compose, distort
 
 MEAN_FILL = (123, 117, 104)  # the reference's zoom-out fill (its `mean`, ImageNet's in 0-255)
-# v2's RandomPhotometricDistort ranges, in the order it draws them.
-DISTORT_RANGES = (("brightness", (0.875, 1.125)), ("contrast", (0.5, 1.5)), ("saturation", (0.5, 1.5)),
-                  ("hue", (-0.05, 0.05)))
 IOU_OPTIONS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)  # RandomIoUCrop's minimum IoUs; 1.0: leave the image as is
 
 
@@ -196,54 +195,3 @@ class SingleShotPreset(FixedResize):
         resized, boxes, scale = self._fixed_resize(region, boxes[keep], out)
         return Sample(resized, boxes, labels[keep], scale, 1.0 - covered / (rh * rw))
 
-
-def box_iou_max(boxes: np.ndarray, region: np.ndarray) -> np.float32:
-    """The largest IoU of ``boxes`` [n, 4] with one ``region`` [4], in float32 with torchvision's
-    ``box_iou`` arithmetic (so a tie with the drawn minimum falls as it does there)."""
-    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    region_area = (region[2] - region[0]) * (region[3] - region[1])
-    wh = np.clip(np.minimum(boxes[:, 2:], region[2:]) - np.maximum(boxes[:, :2], region[:2]), 0, None)
-    inter = wh[:, 0] * wh[:, 1]
-    return (inter / (area + region_area - inter)).max()
-
-
-def compose(image: np.ndarray, origin: tuple[int, int], hw: tuple[int, int],
-            fill: tuple[int, int, int]) -> tuple[np.ndarray, int]:
-    """The hw region of a ``fill`` canvas with ``image`` at ``origin`` (its top-left corner in
-    the region's frame, possibly negative), and how many region pixels the image covers. The
-    image itself (a view) when it fills the region exactly."""
-    (oy, ox), (rh, rw), (h, w) = origin, hw, image.shape[:2]
-    if (oy, ox) == (0, 0) and (h, w) == (rh, rw):
-        return image, rh * rw
-    y0, x0, y1, x1 = max(oy, 0), max(ox, 0), min(oy + h, rh), min(ox + w, rw)
-    if (y0, x0) == (0, 0) and (y1, x1) == (rh, rw) and oy <= 0 and ox <= 0:
-        return image[-oy:-oy + rh, -ox:-ox + rw], rh * rw  # a crop inside the image: a view
-    region = np.empty((rh, rw, 3), np.uint8)
-    region[:] = fill
-    if y1 > y0 and x1 > x0:
-        region[y0:y1, x0:x1] = image[y0 - oy:y1 - oy, x0 - ox:x1 - ox]
-    return region, max(0, y1 - y0) * max(0, x1 - x0)
-
-
-def distort(image: np.ndarray, params: dict) -> np.ndarray:
-    """RandomPhotometricDistort.transform on an HxWx3 uint8 image with v2's own uint8 kernels
-    (brightness, contrast before or after saturation and hue, channel permutation)."""
-    if all(params[k] is None for k, _ in DISTORT_RANGES) and params["permutation"] is None:
-        return image
-    import torch
-    from torchvision.transforms.v2 import functional as F
-
-    t = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).contiguous()  # CHW, as v2 receives it
-    if params["brightness"] is not None:
-        t = F.adjust_brightness(t, brightness_factor=params["brightness"])
-    if params["contrast"] is not None and params["contrast_before"]:
-        t = F.adjust_contrast(t, contrast_factor=params["contrast"])
-    if params["saturation"] is not None:
-        t = F.adjust_saturation(t, saturation_factor=params["saturation"])
-    if params["hue"] is not None:
-        t = F.adjust_hue(t, hue_factor=params["hue"])
-    if params["contrast"] is not None and not params["contrast_before"]:
-        t = F.adjust_contrast(t, contrast_factor=params["contrast"])
-    if params["permutation"] is not None:
-        t = F.permute_channels(t, permutation=params["permutation"].tolist())
-    return t.permute(1, 2, 0).contiguous().numpy()
