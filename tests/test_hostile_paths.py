@@ -88,7 +88,7 @@ def trained(sets):
 
 
 def test_training_with_the_grid_holds_memory_and_names_the_file(trained):
-    (clean, clean_kib, _), (hostile, hostile_kib, run_dir) = trained["clean"], trained["hostile"]
+    (_, clean_kib, _), (hostile, hostile_kib, run_dir) = trained["clean"], trained["hostile"]
     assert hostile["status"] == "completed" and (run_dir / "val_predictions.png").is_file()
     assert hostile["bad_samples"]["train"]["skipped"] >= 1 and hostile["bad_samples"]["val"]["skipped"] >= 1
     records = [json.loads(ln) for ln in (run_dir / "bad_samples.jsonl").read_text().splitlines()]

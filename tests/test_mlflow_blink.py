@@ -19,7 +19,7 @@ import time
 import mlflow  # noqa: F401  (pinned in requirements.txt: missing, it fails here, never skips)
 import pytest
 
-from conftest import REPO, run_train, synthetic_overrides
+from conftest import REPO, synthetic_overrides
 from mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.slow

@@ -32,12 +32,16 @@ PRESETS = {"hflip": lambda: HFlip(128, SIZES), "multiscale": lambda: MultiScale(
 N_IMAGES = 6
 
 
-@pytest.fixture(scope="module")
-def raws(coco_tiny):
+def reference_raws(coco_tiny):
     """coco_tiny train images with their boxes under the reference's rule (any positive extent)."""
     index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json",
                         keep_empty="reference")
     return [load_raw(index, k, min_box_side=0.0) for k in range(N_IMAGES)]
+
+
+@pytest.fixture(scope="module")
+def raws(coco_tiny):
+    return reference_raws(coco_tiny)
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from conftest import run_in_process
-from test_reference_presets import N_IMAGES, raws  # noqa: F401  (the same six coco_tiny images, a module fixture)
+from test_reference_presets import N_IMAGES, reference_raws
 from cocodet.transforms.model_resize import FIXED_SIZES, ModelSizeError
 from cocodet.transforms.ssd_kernels import DISTORT_RANGES
 from cocodet.transforms.ssd_presets import IOU_OPTIONS, FixedResize, SingleShotPreset
@@ -30,6 +30,12 @@ MEAN = STD = [0.5, 0.5, 0.5]  # ssdlite320_mobilenet_v3_large's statistics
 PRESETS = {"ssd": lambda: SingleShotPreset(128, SIZE, photometric=True, zoom_out=True),
            "ssdlite": lambda: SingleShotPreset(128, SIZE, photometric=False, zoom_out=False)}
 N_SEEDS = 4  # x N_IMAGES: 24 samples per preset, zoom, crop and no crop all occur
+
+
+@pytest.fixture(scope="module")
+def raws(coco_tiny):
+    """The same six coco_tiny images as the reference presets' tests."""
+    return reference_raws(coco_tiny)
 
 
 @contextmanager

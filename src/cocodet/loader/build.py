@@ -11,10 +11,12 @@ from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.worker import worker_init_fn
 
+from cocodet.loader.failures.replan import Replanner
+
 
 def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sampler, batch_size: int,
                  plan: LoaderPlan, position: StreamPosition | None = None, across_epochs: bool = False,
-                 replanner: "Replanner | None" = None, stage: str = "",
+                 replanner: Replanner | None = None, stage: str = "",
                  start: tuple[int, int] | None = None) -> torch.utils.data.DataLoader:
     """FlatBatch collate, worker hygiene and the plan's worker settings; batches never mix
     epochs because the sampler's keys carry them (design §5). When the plan ships batches in

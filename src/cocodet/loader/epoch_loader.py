@@ -13,6 +13,8 @@ from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.failures.worker_deaths import fetching
 from cocodet.loader.failures.worker_shutdown import shut_down_workers
 
+from cocodet.loader.failures.replan import Replanner
+
 
 class EpochLoader(torch.utils.data.DataLoader):
     """A DataLoader that yields one epoch of whole batches per ``iter()``.
@@ -32,7 +34,7 @@ class EpochLoader(torch.utils.data.DataLoader):
     (``worker_deaths``), never in the middle of a training step.
     """
 
-    def __init__(self, *args, plan: LoaderPlan, replanner: "Replanner | None" = None, stage: str = "",
+    def __init__(self, *args, plan: LoaderPlan, replanner: Replanner | None = None, stage: str = "",
                  across_epochs: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self._stream = _Stream()
