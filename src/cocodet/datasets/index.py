@@ -122,8 +122,7 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
     data = load_coco_json(ann_file)
     _check_ids(data, ann_file)
     anns_of, dropped = _annotations_by_image(data, ann_file)
-    category_ids = np.array(sorted({c["id"] for c in data["categories"]}), dtype=np.int64)
-    names = {c["id"]: c.get("name", str(c["id"])) for c in data["categories"]}
+    category_ids, category_names = _categories(data)
     label_of = {int(c): k + 1 for k, c in enumerate(category_ids)}
 
     image_ids, sizes, paths, problems, offsets = [], [], [], [], [0]
@@ -138,11 +137,9 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
         if not image_stays(keep_empty, kept, anns):
             dropped["empty_image"] += 1
             continue
-        name = str(img.get("file_name", ""))
-        path = remote_inside(image_root, name) if remote else resolve_inside(image_root, name, real_dirs)
-        problems.append("" if path is not None else
-                        f"file_name {img.get('file_name')!r} resolves outside the image root {image_root}")
-        paths.append(str(path) if path is not None else "")
+        path, problem = _image_path(img, image_root, remote, real_dirs)
+        paths.append(path)
+        problems.append(problem)
         image_ids.append(img["id"])
         sizes.append((img.get("height", 0), img.get("width", 0)))
         boxes.extend(b for b, _ in kept)
@@ -158,11 +155,27 @@ def build_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep
         boxes=np.array(boxes, dtype=np.float32).reshape(-1, 4),
         labels=np.array(labels, dtype=np.int64),
         category_ids=category_ids,
-        category_names=[names[int(c)] for c in category_ids],
+        category_names=category_names,
         problems=np.array(problems, dtype=np.str_),
         ann_file=str(ann_file),
         dropped=dropped,
     )
+
+
+def _categories(data: dict) -> tuple[np.ndarray, list[str]]:
+    """The declared category ids, sorted (label L is ``category_ids[L - 1]``), and their names in that order."""
+    category_ids = np.array(sorted({c["id"] for c in data["categories"]}), dtype=np.int64)
+    names = {c["id"]: c.get("name", str(c["id"])) for c in data["categories"]}
+    return category_ids, [names[int(c)] for c in category_ids]
+
+
+def _image_path(img: dict, image_root: str | Path, remote: bool, real_dirs: dict[str, str]) -> tuple[str, str]:
+    """(the image's path or URL, "") for a ``file_name`` inside the image root; ("", why not) for one outside it."""
+    name = str(img.get("file_name", ""))
+    path = remote_inside(image_root, name) if remote else resolve_inside(image_root, name, real_dirs)
+    if path is None:
+        return "", f"file_name {img.get('file_name')!r} resolves outside the image root {image_root}"
+    return str(path), ""
 
 
 def _image_root(image_root: str | os.PathLike) -> str | Path:

@@ -15,24 +15,23 @@ import logging
 import time
 from pathlib import Path, PurePosixPath
 
-import cv2
 import numpy as np
 import torch
 import torch.utils.data
 from tqdm import tqdm
 
-from cocodet.errors import UserError
 from cocodet.datasets.bad_samples import append_records, skip_record
-from cocodet.errors import BadSampleError
+from cocodet.errors import BadSampleError, UserError
 from cocodet.images.decode import decode_checked, decode_resized
-from cocodet.transforms.recipe import Recipe, to_original
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
-from cocodet.loader.epoch_sampler import EpochSampler
-from cocodet.storage.store import is_file, is_remote, listing, read_bytes
-from cocodet.loader.flat_batch import restore, to_device
+from cocodet.inference.predict_drawing import image_drawer
 from cocodet.loader.build import build_loader
-from cocodet.models.evaluation import coco_results, kept_detections
+from cocodet.loader.epoch_sampler import EpochSampler
+from cocodet.loader.flat_batch import restore, to_device
+from cocodet.models.evaluation import coco_results
 from cocodet.sample import make_sample
+from cocodet.storage.store import is_file, is_remote, listing, read_bytes
+from cocodet.transforms.recipe import Recipe, to_original
 
 log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
@@ -123,23 +122,63 @@ def assign_ids(files: list[str], known: dict[str, int]) -> list[int]:
     return ids
 
 
-def predict(module, datamodule, plan, *, source: str, score_threshold: float, draw: bool, on_bad_sample: str,
-            batch_size: int, run_dir: Path, device: torch.device,
-            max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> dict:
+def predict(
+    module,
+    datamodule,
+    plan,
+    *,
+    source: str,
+    score_threshold: float,
+    draw: bool,
+    on_bad_sample: str,
+    batch_size: int,
+    run_dir: Path,
+    device: torch.device,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> dict:
     files = list_images(source)
-    known = {PurePosixPath(str(p)).name: int(i) for p, i in zip(datamodule.val_index.paths, datamodule.val_index.image_ids)}
-    ids = assign_ids(files, known)
-    file_of = dict(zip(ids, files))
+    index = datamodule.val_index
+    ids = assign_ids(files, {PurePosixPath(str(p)).name: int(i) for p, i in zip(index.paths, index.image_ids)})
     dataset = ImageFolderDataset(files, ids, datamodule.eval_recipe, on_bad_sample, max_image_pixels)
     loader = build_loader(dataset, EpochSampler(len(dataset), 0, shuffle=False), batch_size, plan)
     model = module.model.to(device).eval()
-    names = dict(zip(module.category_ids.tolist(), datamodule.val_index.category_names))
-    results, bad = [], []
     draw_dir = run_dir / "predictions"
+    draw_image = None
     if draw:
         draw_dir.mkdir(parents=True, exist_ok=True)
+        names = dict(zip(module.category_ids.tolist(), index.category_names))
+        draw_image = image_drawer(draw_dir, dict(zip(ids, files)), module.category_ids, names, score_threshold)
     started = time.perf_counter()
-    with torch.no_grad(), tqdm(total=len(files), desc="predict", unit="image") as bar:
+    results, bad = _detect(model, loader, device, len(files), module.category_ids, score_threshold, draw_image)
+    _write_outputs(run_dir, files, ids, results, bad)
+    log.info(
+        "predicted %d images (%d unreadable): %d detections >= %.2f in %s",
+        len(files),
+        len(bad),
+        len(results),
+        score_threshold,
+        run_dir / "predictions.json",
+    )
+    return {
+        "mode": "predict",
+        "images": len(files),
+        "bad_images": len(bad),
+        "detections": len(results),
+        "score_threshold": score_threshold,
+        "predictions": str(run_dir / "predictions.json"),
+        "images_json": str(run_dir / "images.json"),
+        "drawn": str(draw_dir) if draw else None,
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
+
+
+def _detect(
+    model, loader, device: torch.device, total: int, category_ids, score_threshold: float, draw_image
+) -> tuple[list, list]:
+    """The COCO results of every readable image in ``loader`` and the skip records of the
+    unreadable ones; ``draw_image(image, out, image_id)``, when given, draws each readable one."""
+    results, bad = [], []
+    with torch.no_grad(), tqdm(total=total, desc="predict", unit="image") as bar:
         for batch in loader:
             bad.extend(batch.skipped)
             images, targets = restore(to_device(batch, device))
@@ -148,31 +187,17 @@ def predict(module, datamodule, plan, *, source: str, score_threshold: float, dr
                 image_id = int(target["image_id"])
                 if image_id < 0:
                     continue
-                results.extend(coco_results(out, target, module.category_ids, score_threshold))
-                if draw:
-                    _draw(image, *kept_detections(out, module.category_ids, score_threshold), names,
-                          draw_dir / f"{PurePosixPath(file_of[image_id]).stem}.png")
+                results.extend(coco_results(out, target, category_ids, score_threshold))
+                if draw_image is not None:
+                    draw_image(image, out, image_id)
             bar.update(len(images))
+    return results, bad
+
+
+def _write_outputs(run_dir: Path, files: list[str], ids: list[int], results: list, bad: list) -> None:
+    """``predictions.json``, ``images.json`` (the id given to each file) and the unreadable files' records."""
     with open(run_dir / "predictions.json", "w") as f:
         json.dump(results, f)
     images_meta = [{"id": i, "file_name": str(p)} for p, i in zip(files, ids)]
     (run_dir / "images.json").write_text(json.dumps(images_meta))
     append_records(run_dir, "predict", bad)
-    log.info("predicted %d images (%d unreadable): %d detections >= %.2f in %s", len(files), len(bad), len(results),
-             score_threshold, run_dir / "predictions.json")
-    return {"mode": "predict", "images": len(files), "bad_images": len(bad), "detections": len(results),
-            "score_threshold": score_threshold, "predictions": str(run_dir / "predictions.json"),
-            "images_json": str(run_dir / "images.json"), "drawn": str(draw_dir) if draw else None,
-            "wall_s": round(time.perf_counter() - started, 2)}
-
-
-def _draw(image: torch.Tensor, boxes: np.ndarray, scores: np.ndarray, category_ids: np.ndarray, names: dict,
-          path: Path) -> None:
-    """The letterboxed input with its detections (boxes in that frame), as a PNG."""
-    canvas = cv2.cvtColor((image.cpu().permute(1, 2, 0).numpy() * 255).round().astype(np.uint8), cv2.COLOR_RGB2BGR)
-    for (x0, y0, x1, y1), score, cid in zip(boxes, scores, category_ids):
-        p0, p1 = (int(x0), int(y0)), (int(x1), int(y1))
-        cv2.rectangle(canvas, p0, p1, (0, 200, 255), 2)
-        cv2.putText(canvas, f"{names.get(int(cid), cid)} {score:.2f}", (p0[0], max(12, p0[1] - 4)),
-                    cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 200, 255), 1, cv2.LINE_AA)
-    cv2.imwrite(str(path), canvas)
