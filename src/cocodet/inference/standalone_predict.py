@@ -156,7 +156,6 @@ def load_runner(model_path: str, device: str = "cpu"):
                                "install onnxruntime-gpu built for this host's CUDA")
         sys.stderr.write(f"onnxruntime provider: {session.get_providers()[0]}\n")
         name = session.get_inputs()[0].name
-
         outputs = [o.name for o in session.get_outputs()]
 
         def run(x):
@@ -189,9 +188,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="skip, undecoded, an image whose header says it has more pixels (default %(default)s)")
     args = p.parse_args(argv)
     meta = json.loads(Path(args.meta or Path(args.model).with_name("model.json")).read_text())
+    spec = meta["input"]
     # Files exported before input.resize existed: the letterbox, then the only kind.
-    resize = meta["input"].get("resize") or {"kind": "letterbox", "size": meta["input"]["size"],
-                                             "pad_value": meta["input"]["pad_value"]}
+    resize = spec.get("resize") or {"kind": "letterbox", "size": spec["size"], "pad_value": spec["pad_value"]}
     categories = {c["label"]: c for c in meta["categories"]}
     run = load_runner(args.model, args.device)
     results = []

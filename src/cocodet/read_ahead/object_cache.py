@@ -56,7 +56,7 @@ class ObjectCache:
         for stale in self.folder.glob("*.part"):  # a dead claimer's leftovers; a live one's claim is kept
             fd = claim_file(stale)
             if fd is not None:
-                self._unlink(stale)
+                stale.unlink(missing_ok=True)
                 os.close(fd)
 
     def reserve(self, size: int) -> bool:
@@ -73,7 +73,9 @@ class ObjectCache:
         found = self._paths.get(url)
         if found is None:  # named once per object and process: a worker asks for it on every read
             etag = re.sub(r"[^A-Za-z0-9]", "", self.objects[url]["etag"])[:40]
-            found = self._paths[url] = self.folder / f"{hashlib.sha256(url.encode()).hexdigest()[:24]}-{etag or 'noetag'}"
+            found = self._paths[url] = (
+                self.folder / f"{hashlib.sha256(url.encode()).hexdigest()[:24]}-{etag or 'noetag'}"
+            )
         return found
 
     def read(self, url: str) -> bytes | None:
@@ -153,10 +155,10 @@ class ObjectCache:
         try:
             data = self._found(url, reserved)
             if data is not None:  # published between our look and our claim
-                self._unlink(part)
+                part.unlink(missing_ok=True)
                 return data
             if seen is not None and self._reader_gets.moved(url, seen):
-                self._unlink(part)
+                part.unlink(missing_ok=True)
                 self._give_back(url, reserved)
                 return None
             if seen is None:  # a reader's GET (counted under the claim: one writer per object)
@@ -167,9 +169,9 @@ class ObjectCache:
                 if not self._publish(url, part, fd, data):
                     self.release(len(data))  # nothing kept: the reservation is given back
             else:  # not kept: the budget is full
-                self._unlink(part)
+                part.unlink(missing_ok=True)
         except BaseException:
-            self._unlink(part)
+            part.unlink(missing_ok=True)
             raise
         finally:
             os.close(fd)
@@ -189,7 +191,7 @@ class ObjectCache:
             os.replace(part, self.path(url))  # still claimed: nobody else writes this name meanwhile
             return True
         except OSError as e:
-            self._unlink(part)
+            part.unlink(missing_ok=True)
             self._disk.refused(part, e)
             return False
 
@@ -238,10 +240,3 @@ class ObjectCache:
 
     def held(self, url: str) -> bool:
         return self.path(url).exists()
-
-    @staticmethod
-    def _unlink(path: Path) -> None:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass

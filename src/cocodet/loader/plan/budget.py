@@ -5,8 +5,7 @@ Numbers in, numbers out: each cap and alarm keeps the figures its words need, an
 
 from __future__ import annotations
 
-from cocodet.loader.plan.records import (Budget, LoaderDraft, LoaderPlan, LoaderRequest, ShmCheck, Window,
-                                        WorkerCap)
+from cocodet.loader.plan.records import Budget, LoaderDraft, LoaderPlan, LoaderRequest, ShmCheck, Window, WorkerCap
 from cocodet.loader.plan.resources import HostResources
 from cocodet.loader.plan.shm_rule import rank_shm_share
 from cocodet.loader.plan.window_slots import window_slots
@@ -21,8 +20,7 @@ TENSORS_PER_BATCH = 8  # FlatBatch: each storage is one fd and one mmap while in
 
 
 def shm_budget(res: HostResources) -> int | None:
-    """Bytes of /dev/shm this rank's loaders may hold (``shm_rule.py``; None: no shm filesystem,
-    not capped)."""
+    """Bytes of /dev/shm this rank's loaders may hold (``shm_rule.py``; None: no shm filesystem, not capped)."""
     if res.shm_free_bytes is None:
         return None
     return rank_shm_share(res.shm_free_bytes, res.local_world_size)
@@ -39,8 +37,14 @@ def host_budget(res: HostResources, footprint: int, largest_batch: int, persiste
 def loader_draft(batch_bytes: int, batch_size: int, prefetch: int, part_images: int | None) -> LoaderDraft:
     """A loader's draft before any cap: no workers yet, whole batches unless parts are asked."""
     per_image = batch_bytes / batch_size
-    return LoaderDraft(workers=0, prefetch=prefetch, part_images=part_images, per_image=per_image, batch_bytes=batch_bytes,
-                 ship_bytes=batch_bytes if part_images is None else int(per_image * part_images))
+    return LoaderDraft(
+        workers=0,
+        prefetch=prefetch,
+        part_images=part_images,
+        per_image=per_image,
+        batch_bytes=batch_bytes,
+        ship_bytes=batch_bytes if part_images is None else int(per_image * part_images),
+    )
 
 
 def parts_that_fit(d: LoaderDraft, share: int, partner_pool: int) -> tuple[int, int] | None:
@@ -165,8 +169,7 @@ def _cap_memory(d: LoaderDraft, b: Budget) -> None:
 
 
 def _raise_alarms(train: LoaderDraft, val: LoaderDraft, policy: str, b: Budget, res: HostResources) -> None:
-    """What the plan warns of, as (what, figure): an explicit count over a budget, fds and maps
-    near their limits."""
+    """What the plan warns of, as (what, figure): an explicit count over a budget, fds and maps near their limits."""
     fds = inflight_fds(train, val)
     alarms = train.alarms
     if policy == "explicit":  # honoured, by both loaders: say what it exceeds
@@ -199,12 +202,11 @@ def finished_plan(d: LoaderDraft, request: LoaderRequest, batch_size: int, batch
     ``reasons.explain``); nothing PyTorch rejects at num_workers=0."""
     with_workers = d.workers > 0
     inflight = d.workers * d.prefetch
-    pin = request.pin_memory
     return LoaderPlan(
         num_workers=d.workers, source=request.policy, requested=request.requested, batch_size=batch_size,
         batch_bytes=batch_bytes, part_images=d.part_images if with_workers else None,
         prefetch_factor=d.prefetch if with_workers else None,
-        pin_memory=bool(cuda) if pin == "auto" else bool(pin),
+        pin_memory=bool(cuda) if request.pin_memory == "auto" else bool(request.pin_memory),
         persistent_workers=bool(request.persistent_workers and with_workers),
         shm_free_bytes=res.shm_free_bytes, shm_budget_bytes=b.shm,
         inflight_bytes=inflight * d.ship_bytes if with_workers else 0, fds_per_batch=TENSORS_PER_BATCH,

@@ -12,9 +12,8 @@ from cocodet import schema
 
 @dataclass(frozen=True)
 class WorkerCap:
-    """One cap the plan evaluated: at most ``limit`` workers (None: not capped), whether it
-    lowered the count, and the arithmetic behind it in words (written by ``reasons.explain``
-    once the numbers are final)."""
+    """One cap the plan evaluated: at most ``limit`` workers (None: not capped), whether it lowered the count,
+    and the arithmetic behind it in words (written by ``reasons.explain`` once the numbers are final)."""
 
     name: str
     limit: int | None
@@ -71,9 +70,8 @@ class LoaderDraft:
 
 @dataclass(frozen=True)
 class Window:
-    """The window cache's slots (``window_slots.py``): how many, how many the window and the
-    positions in flight want, how many fit the memory the workers leave, that room, the
-    positions in flight, and one slot's bytes."""
+    """The window cache's slots (``window_slots.py``): how many, how many the window and the positions in
+    flight want, how many fit the memory the workers leave, that room, the positions in flight, and one slot's bytes."""
 
     slots: int
     want: int
@@ -151,7 +149,8 @@ class BatchGeometry:
     val_image_side: int | None = None  # the same for a val batch (None: image_side)
     group_aspect_ratio: int | None = None  # train batches from one aspect-ratio bin (loader/grouped_sampler.py)
     group_note: str | None = None  # why a grouping asked for is not applied (mosaic)
-    worker_working_bytes: int = 0  # the recipe's largest intermediate (SSD's zoom-out canvas), added to the footprint estimate
+    # The recipe's largest intermediate (SSD's zoom-out canvas), added to the worker footprint estimate.
+    worker_working_bytes: int = 0
     partner_window: int = 0  # mosaic's window partners (positions; 0: none), which the window cache serves
 
 
