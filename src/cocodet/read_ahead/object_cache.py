@@ -49,7 +49,7 @@ class ObjectCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.objects, self.budget = objects, int(budget)
         self._paths: dict[str, Path] = {}
-        self._held = HeldBytes()  # bytes of the copies in the folder, and reserved for
+        self._held = HeldBytes()  # bytes of the copies in the folder and of the fetches under way
         self._disk = DiskRefusal(self.folder)
         self._check = ListingCheck(objects).check  # raises on bytes that are not the listing's
         self._reader_gets = ReaderGets(objects)
