@@ -1,5 +1,6 @@
 """mode=train: build the datamodule, the model and the Trainer, fit, and summarise the run
-(design §2): the status a run ends with, its numbers, and the tracker's end."""
+(design §2): the status a run ends with, its numbers (``modes/train_summary.py``), and the
+tracker's end."""
 
 from __future__ import annotations
 
@@ -13,24 +14,22 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
-from cocodet.elastic.attempts import AttemptLedger
 from cocodet.elastic.meeting import meet
 from cocodet.errors import RunStopped, TrainingStopped, UnusableModel
+from cocodet.inference.checkpoint import load_weights
 from cocodet.loader.failures.diagnose import explained_loader_failures
 from cocodet.loader.plan.records import LoaderPlan
 from cocodet.models.checkpoint_file import load_checkpoint
 from cocodet.models.checkpoint_io import nonfinite_tensors
-from cocodet.models.evaluation import STAT_NAMES
 from cocodet.models.prediction_grid import PredictionGrid
 from cocodet.models.preemption import PreemptionCheckpoint
 from cocodet.models.zoo import seed_model_init
-from cocodet.inference.checkpoint import load_weights
 from cocodet.modes.last_run import resume_path
+from cocodet.modes.train_summary import train_summary
 from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
 from cocodet.ranks import Ranks
 from cocodet.ranks_in_trainer import check_ranks, finish_ranks
 from cocodet.run_spec.records import RunSpec
-from cocodet.timing.callback import LoaderTimingCallback
 from cocodet.tracking.continued_logs import continue_logs
 from cocodet.tracking.lightning_logger import CHECKPOINT_KEY
 from cocodet.tracking.trainer_hooks import abort_tracking, close_tracking, prepare_tracking
@@ -75,48 +74,26 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     if ddp is not None:
         ddp.update(val_images_evaluated=module.val_images_evaluated, val_repeats_removed=module.val_repeats_removed)
     checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
-    best_checkpoint = next((c for c in checkpoints if c.monitor), None)
-    last_checkpoint = next((c for c in checkpoints if not c.monitor), None)
     preemption = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
     if status == "completed":
         stopped = unusable_end(trainer, module, saves_checkpoints=bool(checkpoints) or preemption is not None)
         status = stopped.status if stopped is not None else status
     if status in ("preempted", "interrupted"):
         report_preemption(trainer, preemption, status)
-    ledger = next((c for c in trainer.callbacks if isinstance(c, AttemptLedger)), None)
-    timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
-    metrics = module.last_metrics or {}
-    best = best_checkpoint.best_model_score if best_checkpoint else None
     rank_check = check_ranks(trainer, ranks) if ranks is not None else None
     finish_ranks(trainer)
-    summary = {
-        "mode": "train",
-        "status": status,
-        # A run that never validated (stopped in its first epoch) has no numbers: nulls, not zeros.
-        **{k: round(float(metrics[k]), 4) if k in metrics else None for k in STAT_NAMES},
-        "best_map": round(float(best), 4) if best is not None else None,
-        "epochs": int(trainer.current_epoch),
-        "steps": int(trainer.global_step),
-        "wall_s": round(time.perf_counter() - started, 1),
-        "last_ckpt": _last_checkpoint(last_checkpoint, preemption),
-        "best_ckpt": _existing(best_checkpoint.best_model_path) if best_checkpoint else None,
-        "loader_wait": timing.summary() if timing else {},
-        "bad_samples": datamodule.bad_sample_summary(),
-        "stream_digest": datamodule.stream.digest,
-        "stream_position": datamodule.stream.position.state_dict() if datamodule.stream.position else None,
-        "precision": str(trainer.precision),
-        "eval_backend": getattr(module, "eval_backend", None),
-        "first_batch_pinned": getattr(datamodule, "first_batch_pinned", None),
-        "plan": plan.summary(),
-        "on_failure": datamodule.replanner.on_failure,
-        "replans": datamodule.replanner.records,
-        "ddp": ddp,
-        "ranks": rank_check,
-        "health": module.health.summary() if hasattr(module, "health") else None,
-        "attempts": ledger.close(status) if ledger is not None else None,
-        **remote_record(datamodule),
-        **getattr(module, "lr_record", {}),  # global_batch, effective_lr
-    }
+    summary = train_summary(
+        trainer,
+        module,
+        datamodule,
+        plan,
+        status=status,
+        started=started,
+        checkpoints=checkpoints,
+        preemption=preemption,
+        ddp=ddp,
+        ranks=rank_check,
+    )
     return finish(trainer, summary, stopped, plan)
 
 
@@ -138,7 +115,9 @@ def _run_fit(trainer: L.Trainer, module, datamodule, ckpt_path: str | None,
              weights_only: bool) -> tuple[str, RunStopped | None]:
     """``trainer.fit``, and how it ended: (status, the RunStopped that stopped it or None)."""
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only if ckpt_path else None)
+        trainer.fit(
+            module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only if ckpt_path else None
+        )
     except SIGTERMException:
         close_progress_bars(trainer)
         if any(getattr(c, "interrupted", False) for c in trainer.callbacks):  # Ctrl-C, taken as SIGTERM
@@ -156,12 +135,6 @@ def run_files(trainer: L.Trainer) -> list[Path]:
     """The files a tracker keeps of a run: the last val_predictions.png and bad_samples.jsonl."""
     grids = [c.path for c in trainer.callbacks if isinstance(c, PredictionGrid)]
     return [*grids, Path(trainer.default_root_dir) / BAD_SAMPLES_FILE]
-
-
-def remote_record(datamodule) -> dict:
-    """``{"remote": ...}``: what a remote root's store served (none for a local root)."""
-    remote = datamodule.remote_summary() if hasattr(datamodule, "remote_summary") else None
-    return {"remote": remote} if remote is not None else {}
 
 
 def with_summary(stopped: RunStopped, summary: dict) -> RunStopped:
@@ -217,15 +190,3 @@ def unusable_end(trainer: L.Trainer, module: L.LightningModule, saves_checkpoint
 
 def _tensors(n: int) -> str:
     return f"{n} tensor" if n == 1 else f"{n} tensors"
-
-
-def _existing(path: str | None) -> str | None:
-    """A checkpoint path a summary may name: one that holds a file."""
-    return path if path and Path(path).is_file() else None
-
-
-def _last_checkpoint(last: ModelCheckpoint | None, preemption: PreemptionCheckpoint | None) -> str | None:
-    """The newest state this run wrote: the preemption/step checkpoint or the epoch-end one."""
-    paths = [p for p in ((last.best_model_path if last else None), preemption.saved_path if preemption else None) if p]
-    existing = [p for p in paths if Path(p).is_file()]
-    return max(existing, key=lambda p: Path(p).stat().st_mtime) if existing else None

@@ -1,0 +1,85 @@
+"""What a training run's summary says (design §2): its COCO numbers, checkpoints, loader wait,
+stream, plan, ranks, health and attempts; ``modes/train.py`` decides the status and ends the run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from cocodet.elastic.attempts import AttemptLedger
+from cocodet.loader.plan.records import LoaderPlan
+from cocodet.models.evaluation import STAT_NAMES
+from cocodet.models.preemption import PreemptionCheckpoint
+from cocodet.timing.callback import LoaderTimingCallback
+
+
+def train_summary(
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    plan: LoaderPlan,
+    *,
+    status: str,
+    started: float,
+    checkpoints: list[ModelCheckpoint],
+    preemption: PreemptionCheckpoint | None,
+    ddp: dict | None,
+    ranks: dict | None,
+) -> dict:
+    """The summary of a run that ended with ``status``, ``started`` at that ``perf_counter``;
+    ``ddp`` and ``ranks`` are the records the ranks agreed on before it (or None)."""
+    best_checkpoint = next((c for c in checkpoints if c.monitor), None)
+    last_checkpoint = next((c for c in checkpoints if not c.monitor), None)
+    ledger = next((c for c in trainer.callbacks if isinstance(c, AttemptLedger)), None)
+    timing = next((c for c in trainer.callbacks if isinstance(c, LoaderTimingCallback)), None)
+    metrics = module.last_metrics or {}
+    best = best_checkpoint.best_model_score if best_checkpoint else None
+    return {
+        "mode": "train",
+        "status": status,
+        # A run that never validated (stopped in its first epoch) has no numbers: nulls, not zeros.
+        **{k: round(float(metrics[k]), 4) if k in metrics else None for k in STAT_NAMES},
+        "best_map": round(float(best), 4) if best is not None else None,
+        "epochs": int(trainer.current_epoch),
+        "steps": int(trainer.global_step),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "last_ckpt": _last_checkpoint(last_checkpoint, preemption),
+        "best_ckpt": _existing(best_checkpoint.best_model_path) if best_checkpoint else None,
+        "loader_wait": timing.summary() if timing else {},
+        "bad_samples": datamodule.bad_sample_summary(),
+        "stream_digest": datamodule.stream.digest,
+        "stream_position": datamodule.stream.position.state_dict() if datamodule.stream.position else None,
+        "precision": str(trainer.precision),
+        "eval_backend": getattr(module, "eval_backend", None),
+        "first_batch_pinned": getattr(datamodule, "first_batch_pinned", None),
+        "plan": plan.summary(),
+        "on_failure": datamodule.replanner.on_failure,
+        "replans": datamodule.replanner.records,
+        "ddp": ddp,
+        "ranks": ranks,
+        "health": module.health.summary() if hasattr(module, "health") else None,
+        "attempts": ledger.close(status) if ledger is not None else None,
+        **remote_record(datamodule),
+        **getattr(module, "lr_record", {}),  # global_batch, effective_lr
+    }
+
+
+def remote_record(datamodule) -> dict:
+    """``{"remote": ...}``: what a remote root's store served (none for a local root)."""
+    remote = datamodule.remote_summary() if hasattr(datamodule, "remote_summary") else None
+    return {"remote": remote} if remote is not None else {}
+
+
+def _existing(path: str | None) -> str | None:
+    """A checkpoint path a summary may name: one that holds a file."""
+    return path if path and Path(path).is_file() else None
+
+
+def _last_checkpoint(last: ModelCheckpoint | None, preemption: PreemptionCheckpoint | None) -> str | None:
+    """The newest state this run wrote: the preemption/step checkpoint or the epoch-end one."""
+    paths = [p for p in ((last.best_model_path if last else None), preemption.saved_path if preemption else None) if p]
+    existing = [p for p in paths if Path(p).is_file()]
+    return max(existing, key=lambda p: Path(p).stat().st_mtime) if existing else None
