@@ -44,7 +44,7 @@ def padding_table(sizes: np.ndarray, batch: int, epochs: int, seed: int = 0) -> 
         for epoch in range(epochs):
             hw = sample_sizes(preset, sizes, epoch, seed)
             order = np.random.default_rng((seed, epoch, 2**62)).permutation(len(sizes))  # EpochSampler's order
-            rows["ungrouped"].append(pad_share([order[s:s + batch] for s in range(0, len(order), batch)], hw))
+            rows["ungrouped"].append(pad_share([order[s : s + batch] for s in range(0, len(order), batch)], hw))
             rows["cocodet_grouped"].append(pad_share(grouped_batches(order, groups, aspect, batch), hw))
             rows["reference_grouped"].append(pad_share(list(reference), hw))
         out[preset] = {k: round(float(np.mean(v)), 4) for k, v in rows.items()}
@@ -57,10 +57,22 @@ def ours_examples_per_s(args, out: Path) -> float:
 
     from cocodet.app import run
 
-    overrides = ["mode=bench", "dataset=coco", f"dataset.root={args.root}", "augment=multiscale",
-                 "model=fasterrcnn_mobilenet_v3_large_fpn", "loader.group_aspect_ratio=3", "loader=explicit",
-                 f"loader.num_workers={args.workers}", f"loader.batch_size={args.batch}", f"bench.batches={args.batches}",
-                 f"bench.warmup={args.warmup}", "bench.digest_batches=0", "bench.decode_probe=0", f"output_dir={out}"]
+    overrides = [
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root={args.root}",
+        "augment=multiscale",
+        "model=fasterrcnn_mobilenet_v3_large_fpn",
+        "loader.group_aspect_ratio=3",
+        "loader=explicit",
+        f"loader.num_workers={args.workers}",
+        f"loader.batch_size={args.batch}",
+        f"bench.batches={args.batches}",
+        f"bench.warmup={args.warmup}",
+        "bench.digest_batches=0",
+        "bench.decode_probe=0",
+        f"output_dir={out}",
+    ]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         s = run(compose(config_name="config", overrides=overrides))
     return s["examples_per_s"], s["batch_pad_share"]
@@ -70,8 +82,13 @@ def torchvision_examples_per_s(args, index, groups) -> float:
     loader = torchvision_multiscale_loader(Path(args.root), index.image_ids.tolist(), groups, args.batch, args.workers)
     m = Measurement()
     while len(m.waits) < args.warmup + args.batches:
-        measure(loader, lambda b: None, count=lambda b: len(b[0]), into=m,
-                max_batches=args.warmup + args.batches - len(m.waits))
+        measure(
+            loader,
+            lambda b: None,
+            count=lambda b: len(b[0]),
+            into=m,
+            max_batches=args.warmup + args.batches - len(m.waits),
+        )
     return m.report(args.warmup)["examples_per_s"]
 
 
@@ -88,13 +105,21 @@ def main() -> None:
     root = Path(args.root)
     index = build_index(root / "train2017", root / "annotations" / "instances_train2017.json", keep_empty="reference")
     sizes = np.asarray(index.sizes)
-    result = {"batch": args.batch, "coco_tiny": padding_table(sizes, args.batch, args.epochs),
-              "coco_scale": padding_table(np.resize(sizes, (COCO_TRAIN, 2)), args.batch, args.scale_epochs)}
+    result = {
+        "batch": args.batch,
+        "coco_tiny": padding_table(sizes, args.batch, args.epochs),
+        "coco_scale": padding_table(np.resize(sizes, (COCO_TRAIN, 2)), args.batch, args.scale_epochs),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         ours, ours_pad = ours_examples_per_s(args, Path(tmp))
     theirs = torchvision_examples_per_s(args, index, aspect_groups(sizes, 3))
-    result["examples_per_s"] = {"cocodet": ours, "torchvision": round(theirs, 1), "ratio": round(ours / theirs, 2),
-                                "workers": args.workers, "cocodet_batch_pad_share": ours_pad}
+    result["examples_per_s"] = {
+        "cocodet": ours,
+        "torchvision": round(theirs, 1),
+        "ratio": round(ours / theirs, 2),
+        "workers": args.workers,
+        "cocodet_batch_pad_share": ours_pad,
+    }
     print(json.dumps(result, indent=1))
 
 

@@ -29,17 +29,27 @@ def detections(gt: dict, per_image: int, seed: int = 0) -> list[dict]:
     for a in gt["annotations"]:
         x, y, w, h = a["bbox"]
         j = rng.normal(0, 0.05, 4) * [w, h, w, h]
-        by_image[a["image_id"]].append({"image_id": a["image_id"], "category_id": a["category_id"],
-                                        "bbox": [x + j[0], y + j[1], max(1.0, w + j[2]), max(1.0, h + j[3])],
-                                        "score": float(rng.uniform(0.3, 1.0))})
+        by_image[a["image_id"]].append(
+            {
+                "image_id": a["image_id"],
+                "category_id": a["category_id"],
+                "bbox": [x + j[0], y + j[1], max(1.0, w + j[2]), max(1.0, h + j[3])],
+                "score": float(rng.uniform(0.3, 1.0)),
+            }
+        )
     out = []
     for image_id, dets in by_image.items():
         W, H = sizes[image_id]
         while len(dets) < per_image:
             w, h = rng.uniform(8, W / 2), rng.uniform(8, H / 2)
-            dets.append({"image_id": image_id, "category_id": int(rng.choice(cats)),
-                         "bbox": [float(rng.uniform(0, W - w)), float(rng.uniform(0, H - h)), float(w), float(h)],
-                         "score": float(rng.uniform(0.0, 0.5))})
+            dets.append(
+                {
+                    "image_id": image_id,
+                    "category_id": int(rng.choice(cats)),
+                    "bbox": [float(rng.uniform(0, W - w)), float(rng.uniform(0, H - h)), float(w), float(h)],
+                    "score": float(rng.uniform(0.0, 0.5)),
+                }
+            )
         out.extend(dets[:per_image])
     return out
 
@@ -69,8 +79,10 @@ def main() -> None:
     stat_diff = max(abs(ref[n] - fast[n]) for n in ALL_STAT_NAMES)
     p_ref, p_fast = ref["coco_eval"].eval["precision"], fast["coco_eval"].eval["precision"]
     precision_diff = float(np.abs(p_ref - p_fast).max()) if p_ref.shape == p_fast.shape else float("inf")
-    print(f"largest difference: {stat_diff:.2e} over the 12 stats, {precision_diff:.2e} over the precision array "
-          f"{list(p_ref.shape)} ({'equal' if max(stat_diff, precision_diff) <= 1e-4 else 'NOT equal'} to 1e-4)")
+    print(
+        f"largest difference: {stat_diff:.2e} over the 12 stats, {precision_diff:.2e} over the precision array "
+        f"{list(p_ref.shape)} ({'equal' if max(stat_diff, precision_diff) <= 1e-4 else 'NOT equal'} to 1e-4)"
+    )
 
 
 if __name__ == "__main__":

@@ -25,18 +25,36 @@ WAYS = {
 def measure(code: str) -> dict:
     t0 = time.perf_counter()
     exec(code, {"ANN": ARGS.ann, "ROOT": ARGS.root, "CACHE": ARGS.cache})
-    return {"seconds": round(time.perf_counter() - t0, 2),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    return {
+        "seconds": round(time.perf_counter() - t0, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
 
 
 def main() -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as cache:
-        subprocess.run([sys.executable, __file__, ARGS.ann, ARGS.root, "--cache", cache, "--one",
-                        WAYS["cocodet cached index (2nd start)"]], check=True, capture_output=True)  # the 1st start
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                ARGS.ann,
+                ARGS.root,
+                "--cache",
+                cache,
+                "--one",
+                WAYS["cocodet cached index (2nd start)"],
+            ],
+            check=True,
+            capture_output=True,
+        )  # the 1st start
         for name, code in WAYS.items():
-            out = subprocess.run([sys.executable, __file__, ARGS.ann, ARGS.root, "--cache", cache, "--one", code],
-                                 check=True, capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, __file__, ARGS.ann, ARGS.root, "--cache", cache, "--one", code],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"{ARGS.ann}: wall time and peak RSS of building the index, each in a fresh process")
     print("| way | seconds | peak RSS MiB |\n|---|---|---|")

@@ -21,22 +21,32 @@ from hydra import compose, initialize_config_dir
 from cocodet.app import run
 from cocodet.bench.common_way import common_way_loader
 from cocodet.bench.harness import measure
+from cocodet.datasets.index import build_index
 from cocodet.timing.measurement import Measurement
 from cocodet.transforms.augment import Mosaic
-from cocodet.datasets.index import build_index
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def ours(args, cache: str, out: Path) -> dict:
-    overrides = ["mode=bench", "dataset=coco", f"dataset.root={args.root}", f"dataset.image_size={args.size}",
-                 f"loader.batch_size={args.batch}", "loader=explicit", f"loader.num_workers={args.workers}",
-                 f"bench.batches={args.batches}", f"bench.warmup={args.warmup}", f"dataset.cache={cache}",
-                 # pools of 8, one decode per sample, as docs/benchmarks.md measured it (the default
-                 # since issue 45 draws partners from the whole dataset, up to four decodes per sample)
-                 "augment.partner_pool=8",
-                 "bench.digest_batches=0",  # hashing 40 MB batches would take CPU from the workers
-                 f"dataset.cache_dir={out / 'cache'}", f"output_dir={out / cache}"]
+    overrides = [
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root={args.root}",
+        f"dataset.image_size={args.size}",
+        f"loader.batch_size={args.batch}",
+        "loader=explicit",
+        f"loader.num_workers={args.workers}",
+        f"bench.batches={args.batches}",
+        f"bench.warmup={args.warmup}",
+        f"dataset.cache={cache}",
+        # pools of 8, one decode per sample, as docs/benchmarks.md measured it (the default
+        # since issue 45 draws partners from the whole dataset, up to four decodes per sample)
+        "augment.partner_pool=8",
+        "bench.digest_batches=0",  # hashing 40 MB batches would take CPU from the workers
+        f"dataset.cache_dir={out / 'cache'}",
+        f"output_dir={out / cache}",
+    ]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return run(compose(config_name="config", overrides=overrides))
 
@@ -47,8 +57,13 @@ def common(args) -> float:
     m, epoch = Measurement(), 0
     while len(m.waits) < args.warmup + args.batches:
         loader.dataset.epoch = epoch
-        measure(loader, lambda b: None, count=lambda b: len(b[0]), into=m,
-                max_batches=args.warmup + args.batches - len(m.waits))
+        measure(
+            loader,
+            lambda b: None,
+            count=lambda b: len(b[0]),
+            into=m,
+            max_batches=args.warmup + args.batches - len(m.waits),
+        )
         epoch += 1
     return m.report(args.warmup)["examples_per_s"]
 
@@ -69,8 +84,10 @@ def main() -> None:
             rows[f"cocodet, dataset.cache={cache}"] = ours(args, cache, out)
     bound4 = rows["cocodet, dataset.cache=none"]["decode_bound_4"]
     base = rows["common way (PIL, 4 decodes, float32, list collate)"]["examples_per_s"]
-    print(f"\n{args.workers} workers, batch {args.batch}, {args.size} px, {args.batches} measured batches; "
-          f"decode_bound_4 = {bound4} ex/s (naive 4-decode mosaic on {args.workers} cores)\n")
+    print(
+        f"\n{args.workers} workers, batch {args.batch}, {args.size} px, {args.batches} measured batches; "
+        f"decode_bound_4 = {bound4} ex/s (naive 4-decode mosaic on {args.workers} cores)\n"
+    )
     print("| loader | examples/s | x decode_bound_4 | x common way | decodes/sample |")
     print("|---|---|---|---|---|")
     for name, s in rows.items():

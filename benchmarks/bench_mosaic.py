@@ -18,25 +18,57 @@ import albumentations as A
 import cv2
 import numpy as np
 
-from cocodet.transforms.augment import PAD_VALUE, Mosaic
 from cocodet.datasets.index import build_index
 from cocodet.images.read import load_raw
+from cocodet.transforms.augment import PAD_VALUE, Mosaic
 
 
 def albumentations_mosaic(s: int) -> A.Compose:
-    bbox = A.BboxParams(format="pascal_voc", label_fields=["labels"], min_width=2.0, min_height=2.0,
-                        min_visibility=0.1, clip=True, filter_invalid_bboxes=True)
-    return A.Compose([
-        A.Mosaic(grid_yx=(2, 2), target_size=(s, s), cell_shape=(s, s), center_range=(0.3, 0.7),
-                 fit_mode="contain", fill=PAD_VALUE, fill_mask=0, p=1.0),
-        A.LongestMaxSize(max_size=s, p=1.0),
-        A.PadIfNeeded(min_height=s, min_width=s, position="top_left", border_mode=cv2.BORDER_CONSTANT,
-                      fill=PAD_VALUE, fill_mask=0, p=1.0),
-        A.Affine(scale=(0.5, 1.5), translate_percent=(-0.1, 0.1), fill=PAD_VALUE, fill_mask=0,
-                 border_mode=cv2.BORDER_CONSTANT, p=1.0),
-        A.HueSaturationValue(hue_shift_limit=10, sat_shift_limit=40, val_shift_limit=30, p=1.0),
-        A.HorizontalFlip(p=0.5),
-    ], bbox_params=bbox, seed=0)
+    bbox = A.BboxParams(
+        format="pascal_voc",
+        label_fields=["labels"],
+        min_width=2.0,
+        min_height=2.0,
+        min_visibility=0.1,
+        clip=True,
+        filter_invalid_bboxes=True,
+    )
+    return A.Compose(
+        [
+            A.Mosaic(
+                grid_yx=(2, 2),
+                target_size=(s, s),
+                cell_shape=(s, s),
+                center_range=(0.3, 0.7),
+                fit_mode="contain",
+                fill=PAD_VALUE,
+                fill_mask=0,
+                p=1.0,
+            ),
+            A.LongestMaxSize(max_size=s, p=1.0),
+            A.PadIfNeeded(
+                min_height=s,
+                min_width=s,
+                position="top_left",
+                border_mode=cv2.BORDER_CONSTANT,
+                fill=PAD_VALUE,
+                fill_mask=0,
+                p=1.0,
+            ),
+            A.Affine(
+                scale=(0.5, 1.5),
+                translate_percent=(-0.1, 0.1),
+                fill=PAD_VALUE,
+                fill_mask=0,
+                border_mode=cv2.BORDER_CONSTANT,
+                p=1.0,
+            ),
+            A.HueSaturationValue(hue_shift_limit=10, sat_shift_limit=40, val_shift_limit=30, p=1.0),
+            A.HorizontalFlip(p=0.5),
+        ],
+        bbox_params=bbox,
+        seed=0,
+    )
 
 
 def main() -> None:

@@ -30,8 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from remote_read_ahead import build_dataset  # noqa: E402  (coco_tiny repeated under distinct names)
 
-SETTINGS = {"window partners (the default)": [], "pools of 8": ["augment.partner_pool=8"],
-            "whole-dataset partners": ["augment.partners=dataset"]}
+SETTINGS = {
+    "window partners (the default)": [],
+    "pools of 8": ["augment.partner_pool=8"],
+    "whole-dataset partners": ["augment.partners=dataset"],
+}
 ULTRALYTICS = "Ultralytics 8.4.190"
 BEFORE = "window partners, the code before (its default)"
 
@@ -70,7 +73,8 @@ def yolo_copy(data: Path, out: Path) -> Path:
         if not a.get("iscrowd") and w > 1 and h > 1:
             boxes.setdefault(a["image_id"], []).append(
                 f"{classes[a['category_id']]} {(x + w / 2) / im['width']:.6f} {(y + h / 2) / im['height']:.6f} "
-                f"{w / im['width']:.6f} {h / im['height']:.6f}")
+                f"{w / im['width']:.6f} {h / im['height']:.6f}"
+            )
     for im in ann["images"]:
         link = images / im["file_name"]
         if not link.exists():
@@ -82,9 +86,23 @@ def yolo_copy(data: Path, out: Path) -> Path:
 def cocodet(data: Path, folder: Path, extra: list[str], warmup: int, batches: int, code: Path = ROOT) -> dict:
     """One bench of ``code``'s train.py (its own ``src`` first on the path: another checkout's
     code, not this one's editable install)."""
-    cmd = [sys.executable, "train.py", "mode=bench", "dataset=coco", f"dataset.root={data}", "dataset.image_size=640",
-           "dataset.cache=none", "loader=explicit", "loader.num_workers=2", "loader.batch_size=32",
-           f"bench.warmup={warmup}", f"bench.batches={batches}", "bench.decode_probe=0", f"hydra.run.dir={folder}", *extra]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root={data}",
+        "dataset.image_size=640",
+        "dataset.cache=none",
+        "loader=explicit",
+        "loader.num_workers=2",
+        "loader.batch_size=32",
+        f"bench.warmup={warmup}",
+        f"bench.batches={batches}",
+        "bench.decode_probe=0",
+        f"hydra.run.dir={folder}",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(code / "src")}
     subprocess.run(cmd, cwd=code, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((folder / "summary.json").read_text())
@@ -94,8 +112,14 @@ def ultralytics(target: Path, images: Path, warmup: int, batches: int, script: s
     """``script`` run with Ultralytics from ``target`` on its first argument (``images``: a folder,
     or a data.yaml for benchmarks/bench_yolo_layout.py), batch 32, 2 workers."""
     env = {**os.environ, "PYTHONPATH": str(target), "YOLO_OFFLINE": "1", "YOLO_VERBOSE": "False"}
-    proc = subprocess.run([sys.executable, "-c", script, str(images), "32", "2", str(warmup), str(batches)],
-                          env=env, capture_output=True, text=True, check=True, cwd="/tmp")
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(images), "32", "2", str(warmup), str(batches)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/tmp",
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -109,8 +133,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--before", type=Path, help="a checkout of earlier code: one more row, its default loader")
-    parser.add_argument("--with", dest="overrides", nargs="*", default=[],
-                        help="overrides for every row of this code (e.g. augment.colour=matrix)")
+    parser.add_argument(
+        "--with",
+        dest="overrides",
+        nargs="*",
+        default=[],
+        help="overrides for every row of this code (e.g. augment.colour=matrix)",
+    )
     args = parser.parse_args()
     assert (args.warmup + args.batches) * 32 <= args.files, "every measured batch must lie inside one epoch"
     data = args.out / "data"
@@ -138,12 +167,15 @@ def main() -> None:
 def report(rates: dict[str, list[float]], last: dict[str, dict], args) -> str:
     medians = {name: statistics.median(v) for name, v in rates.items()}
     default = medians["window partners (the default)"]
-    lines = [f"{args.files} distinct files, mosaic 640 px, batch 32, 2 workers, uncached; {args.rounds} rounds, "
-             f"{args.batches} batches each after {args.warmup} of warm-up"
-             + (f"; this code's rows with {' '.join(args.overrides)}" if args.overrides else ""), "",
-             "| loader | examples/s per round | median | window / this | decodes per sample | reads served without a decode "
-             "per sample | ms per sample (last round) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{args.files} distinct files, mosaic 640 px, batch 32, 2 workers, uncached; {args.rounds} rounds, "
+        f"{args.batches} batches each after {args.warmup} of warm-up"
+        + (f"; this code's rows with {' '.join(args.overrides)}" if args.overrides else ""),
+        "",
+        "| loader | examples/s per round | median | window / this | decodes per sample | reads served without a decode "
+        "per sample | ms per sample (last round) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, values in rates.items():
         s = last.get(name)
         stages = ", ".join(f"{k} {v:.2f}" for k, v in s["stage_ms_per_sample"].items()) if s else "—"
@@ -152,8 +184,10 @@ def report(rates: dict[str, list[float]], last: dict[str, dict], args) -> str:
         # cache or from an image the same batch had decoded already.
         served = f"{4 - s['decodes_per_sample']:.2f}" if s else "—"
         per_round = ", ".join(f"{v:.0f}" for v in values)
-        lines.append(f"| {name} | {per_round} | {medians[name]:.1f} | {default / medians[name]:.2f}x | {decodes} | "
-                     f"{served} | {stages} |")
+        lines.append(
+            f"| {name} | {per_round} | {medians[name]:.1f} | {default / medians[name]:.2f}x | {decodes} | "
+            f"{served} | {stages} |"
+        )
     return "\n".join(lines)
 
 

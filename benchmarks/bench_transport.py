@@ -39,19 +39,30 @@ class PreDecoded(torch.utils.data.Dataset):
         rng = np.random.default_rng(i)
         k = int(rng.integers(1, 2 * self.boxes))
         xy = rng.uniform(0, self.size / 2, size=(k, 2)).astype(np.float32)
-        return {"image": self.pool[i % 8], "boxes": np.concatenate([xy, xy + 20], 1),
-                "labels": rng.integers(1, 80, k).astype(np.int64), "image_id": i, "key": (0, i),
-                "to_original": np.array([self.size, self.size, 1], np.float32), "stage_seconds": np.zeros(4),
-                "pad_share": 0.0,
-                "skipped": []}
+        return {
+            "image": self.pool[i % 8],
+            "boxes": np.concatenate([xy, xy + 20], 1),
+            "labels": rng.integers(1, 80, k).astype(np.int64),
+            "image_id": i,
+            "key": (0, i),
+            "to_original": np.array([self.size, self.size, 1], np.float32),
+            "stage_seconds": np.zeros(4),
+            "pad_share": 0.0,
+            "skipped": [],
+        }
 
 
 def _target(s):
     boxes = torch.from_numpy(s["boxes"])
-    return {"boxes": boxes, "labels": torch.from_numpy(s["labels"]), "image_id": torch.tensor(s["image_id"]),
-            "area": (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]),
-            "iscrowd": torch.zeros(len(boxes), dtype=torch.int64), "orig_size": torch.tensor([640, 640]),
-            "to_original": torch.from_numpy(s["to_original"])}
+    return {
+        "boxes": boxes,
+        "labels": torch.from_numpy(s["labels"]),
+        "image_id": torch.tensor(s["image_id"]),
+        "area": (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]),
+        "iscrowd": torch.zeros(len(boxes), dtype=torch.int64),
+        "orig_size": torch.tensor([640, 640]),
+        "to_original": torch.from_numpy(s["to_original"]),
+    }
 
 
 def list_of_dicts(samples):
@@ -75,13 +86,20 @@ def open_maps() -> int:
         return sum(1 for _ in f)
 
 
-def run_one(layout: str, batch: int, size: int, workers: int, prefetch: int, batches: int, boxes: int,
-            timeout_s: float) -> dict:
+def run_one(
+    layout: str, batch: int, size: int, workers: int, prefetch: int, batches: int, boxes: int, timeout_s: float
+) -> dict:
     dataset = PreDecoded(batch * (batches + 4), size, boxes)
     # The timeout turns a silent hang (a batch lost in a worker's queue feeder thread when it
     # cannot be shared) into a row of the table.
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=workers, prefetch_factor=prefetch,
-                                         collate_fn=LAYOUTS[layout], timeout=timeout_s)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch,
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        collate_fn=LAYOUTS[layout],
+        timeout=timeout_s,
+    )
     counts = {}
     fds0, maps0 = open_fds(), open_maps()
 
@@ -92,15 +110,33 @@ def run_one(layout: str, batch: int, size: int, workers: int, prefetch: int, bat
             counts["maps"] = open_maps() - maps0
 
     try:
-        m = measure(loader, lambda b: None, count=lambda b: len(b[0]) if layout != "flat_batch" else b.images.shape[0],
-                    max_batches=batches, on_batch=on_batch)
+        m = measure(
+            loader,
+            lambda b: None,
+            count=lambda b: len(b[0]) if layout != "flat_batch" else b.images.shape[0],
+            max_batches=batches,
+            on_batch=on_batch,
+        )
         rep = m.report(warmup=2)
-        out = {"layout": layout, "batch": batch, "examples_per_s": rep["examples_per_s"],
-               "wait_p50_ms": rep["wait_p50_ms"], "wait_p95_ms": rep["wait_p95_ms"], "batches": rep["batches"],
-               "storages_per_batch": counts.get("storages"), "fds_first_batch": counts.get("fds"),
-               "maps_first_batch": counts.get("maps"), "error": None}
+        out = {
+            "layout": layout,
+            "batch": batch,
+            "examples_per_s": rep["examples_per_s"],
+            "wait_p50_ms": rep["wait_p50_ms"],
+            "wait_p95_ms": rep["wait_p95_ms"],
+            "batches": rep["batches"],
+            "storages_per_batch": counts.get("storages"),
+            "fds_first_batch": counts.get("fds"),
+            "maps_first_batch": counts.get("maps"),
+            "error": None,
+        }
     except Exception as e:  # the point of the comparison: some layouts die under limits
-        out = {"layout": layout, "batch": batch, "examples_per_s": 0.0, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+        out = {
+            "layout": layout,
+            "batch": batch,
+            "examples_per_s": 0.0,
+            "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}",
+        }
     return out
 
 
@@ -129,16 +165,22 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     if args.json:
         return
-    print(f"# {args.size} px, {args.workers} workers, prefetch {args.prefetch}, RLIMIT_NOFILE "
-          f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, sharing strategy {torch.multiprocessing.get_sharing_strategy()}")
-    print("| batch | layout | examples/s | vs list_of_dicts | wait p50 ms | wait p95 ms | storages/batch | fds held | maps held | error |")
+    print(
+        f"# {args.size} px, {args.workers} workers, prefetch {args.prefetch}, RLIMIT_NOFILE "
+        f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, sharing strategy {torch.multiprocessing.get_sharing_strategy()}"
+    )
+    print(
+        "| batch | layout | examples/s | vs list_of_dicts | wait p50 ms | wait p95 ms | storages/batch | fds held | maps held | error |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         base = next(r for r in rows if r["batch"] == row["batch"] and r["layout"] == "list_of_dicts")
         ratio = row["examples_per_s"] / base["examples_per_s"] if base["examples_per_s"] else float("nan")
-        print(f"| {row['batch']} | {row['layout']} | {row['examples_per_s']:.1f} | {ratio:.2f}x | "
-              f"{row.get('wait_p50_ms', '-')} | {row.get('wait_p95_ms', '-')} | {row.get('storages_per_batch', '-')} | "
-              f"{row.get('fds_first_batch', '-')} | {row.get('maps_first_batch', '-')} | {row['error'] or ''} |")
+        print(
+            f"| {row['batch']} | {row['layout']} | {row['examples_per_s']:.1f} | {ratio:.2f}x | "
+            f"{row.get('wait_p50_ms', '-')} | {row.get('wait_p95_ms', '-')} | {row.get('storages_per_batch', '-')} | "
+            f"{row.get('fds_first_batch', '-')} | {row.get('maps_first_batch', '-')} | {row['error'] or ''} |"
+        )
     sys.stdout.flush()
 
 

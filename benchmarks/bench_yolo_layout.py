@@ -52,10 +52,22 @@ print(json.dumps({"examples_per_s": batches * batch / (time.perf_counter() - t0)
 
 
 def cocodet(data_yaml: Path, folder: Path, warmup: int, batches: int) -> dict:
-    cmd = [sys.executable, "train.py", "mode=bench", "dataset=yolo", f"dataset.yaml={data_yaml}",
-           "dataset.image_size=640", "dataset.cache=none", "loader=explicit", "loader.num_workers=2",
-           "loader.batch_size=32", f"bench.warmup={warmup}", f"bench.batches={batches}", "bench.decode_probe=0",
-           f"hydra.run.dir={folder}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "mode=bench",
+        "dataset=yolo",
+        f"dataset.yaml={data_yaml}",
+        "dataset.image_size=640",
+        "dataset.cache=none",
+        "loader=explicit",
+        "loader.num_workers=2",
+        "loader.batch_size=32",
+        f"bench.warmup={warmup}",
+        f"bench.batches={batches}",
+        "bench.decode_probe=0",
+        f"hydra.run.dir={folder}",
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((folder / "summary.json").read_text())
 
@@ -73,23 +85,30 @@ def main() -> None:
     assert (args.warmup + args.batches) * 32 <= args.files, "every measured batch must lie inside one epoch"
     data_yaml = write_layout(args.coco.resolve(), args.out.resolve(), args.files)
     layout = yaml.safe_load(data_yaml.read_text())
-    data_yaml.write_text(yaml.safe_dump({**layout, "path": str(data_yaml.parent)}))  # Ultralytics' rule for a relative path differs
+    data_yaml.write_text(
+        yaml.safe_dump({**layout, "path": str(data_yaml.parent)})
+    )  # Ultralytics' rule for a relative path differs
     rates: dict[str, list[float]] = {"cocodet, dataset=yolo (its default recipe)": [], ULTRALYTICS: []}
     for r in range(args.rounds):
         rate = cocodet(data_yaml, args.out / f"round{r}-cocodet", args.warmup, args.batches)["examples_per_s"]
         rates["cocodet, dataset=yolo (its default recipe)"].append(rate)
         print(f"round {r}: cocodet: {rate:.1f} examples/s", flush=True)
-        rate = ultralytics(args.ultralytics.resolve(), data_yaml, args.warmup, args.batches,
-                           ULTRALYTICS_RUN)["examples_per_s"]
+        rate = ultralytics(args.ultralytics.resolve(), data_yaml, args.warmup, args.batches, ULTRALYTICS_RUN)[
+            "examples_per_s"
+        ]
         rates[ULTRALYTICS].append(rate)
         print(f"round {r}: {ULTRALYTICS}: {rate:.1f} examples/s", flush=True)
     medians = {name: statistics.median(v) for name, v in rates.items()}
-    print(f"\n{args.files} distinct files, one data.yaml, mosaic 640 px, batch 32, 2 workers, uncached; {args.rounds} "
-          f"rounds, {args.batches} batches each after {args.warmup} of warm-up\n\n"
-          "| loader | examples/s per round | median | cocodet / this |\n|---|---|---|---|")
+    print(
+        f"\n{args.files} distinct files, one data.yaml, mosaic 640 px, batch 32, 2 workers, uncached; {args.rounds} "
+        f"rounds, {args.batches} batches each after {args.warmup} of warm-up\n\n"
+        "| loader | examples/s per round | median | cocodet / this |\n|---|---|---|---|"
+    )
     first = next(iter(medians.values()))
     for name, values in rates.items():
-        print(f"| {name} | {', '.join(f'{v:.0f}' for v in values)} | {medians[name]:.1f} | {first / medians[name]:.2f}x |")
+        print(
+            f"| {name} | {', '.join(f'{v:.0f}' for v in values)} | {medians[name]:.1f} | {first / medians[name]:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

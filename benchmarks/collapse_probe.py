@@ -31,37 +31,51 @@ class CollapseProbe(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         norms = {n: p.grad.norm().item() for n, p in pl_module.named_parameters() if p.grad is not None}
-        head = sum(v ** 2 for n, v in norms.items() if "regression_head" in n) ** 0.5
-        self.grads = (head, sum(v ** 2 for v in norms.values()) ** 0.5)
+        head = sum(v**2 for n, v in norms.items() if "regression_head" in n) ** 0.5
+        self.grads = (head, sum(v**2 for v in norms.values()) ** 0.5)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         levels, self.levels = self.levels[-5:], []  # P3-P7 of the step's forward
         every = torch.cat([o.flatten() for o in levels]) if levels else torch.zeros(1)
         p7 = levels[-1] if levels else torch.zeros(1)
-        self.rows.append({
-            "step": trainer.global_step, "lr": trainer.optimizers[0].param_groups[0]["lr"],
-            "losses": {k[len("train/"):]: float(v) for k, v in trainer.callback_metrics.items()
-                       if k.startswith("train/") and not k.endswith("_epoch")},
-            "grad_regression_head": self.grads[0], "grad_total": self.grads[1],
-            "bias_mean": float(self.conv.bias.mean()), "weight_norm": float(self.conv.weight.norm()),
-            "positive_all": float((every > 0).float().mean()),
-            "p7": [float((p7 > 0).float().mean()), float(p7.max()), float(p7.mean())]})
+        self.rows.append(
+            {
+                "step": trainer.global_step,
+                "lr": trainer.optimizers[0].param_groups[0]["lr"],
+                "losses": {
+                    k[len("train/") :]: float(v)
+                    for k, v in trainer.callback_metrics.items()
+                    if k.startswith("train/") and not k.endswith("_epoch")
+                },
+                "grad_regression_head": self.grads[0],
+                "grad_total": self.grads[1],
+                "bias_mean": float(self.conv.bias.mean()),
+                "weight_norm": float(self.conv.weight.norm()),
+                "positive_all": float((every > 0).float().mean()),
+                "p7": [float((p7 > 0).float().mean()), float(p7.max()), float(p7.mean())],
+            }
+        )
         with open(self.path, "w") as f:
             json.dump(self.rows, f)
 
 
 def table(rows: list[dict], steps: list[int]) -> str:
-    lines = ["| step | lr | bbox_regression | classification | bbox_ctrness | grad (head / all) | bias | weight norm "
-             "| share > 0 (all / P7) | P7 max / mean |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| step | lr | bbox_regression | classification | bbox_ctrness | grad (head / all) | bias | weight norm "
+        "| share > 0 (all / P7) | P7 max / mean |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["step"] not in steps:
             continue
         loss = r["losses"]
-        lines.append(f"| {r['step']} | {r['lr']:.2e} | {loss.get('bbox_regression', float('nan')):.3f} "
-                     f"| {loss.get('classification', float('nan')):.3f} | {loss.get('bbox_ctrness', float('nan')):.3f} "
-                     f"| {r['grad_regression_head']:.2f} / {r['grad_total']:.2f} | {r['bias_mean']:+.5f} "
-                     f"| {r['weight_norm']:.4f} | {r['positive_all']:.2f} / {r['p7'][0]:.2f} "
-                     f"| {r['p7'][1]:+.3f} / {r['p7'][2]:+.3f} |")
+        lines.append(
+            f"| {r['step']} | {r['lr']:.2e} | {loss.get('bbox_regression', float('nan')):.3f} "
+            f"| {loss.get('classification', float('nan')):.3f} | {loss.get('bbox_ctrness', float('nan')):.3f} "
+            f"| {r['grad_regression_head']:.2f} / {r['grad_total']:.2f} | {r['bias_mean']:+.5f} "
+            f"| {r['weight_norm']:.4f} | {r['positive_all']:.2f} / {r['p7'][0]:.2f} "
+            f"| {r['p7'][1]:+.3f} / {r['p7'][2]:+.3f} |"
+        )
     return "\n".join(lines)
 
 

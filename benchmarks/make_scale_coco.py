@@ -57,8 +57,10 @@ def main() -> None:
         with open(tmp, "w") as f:
             f.write(json.dumps(big))  # dumps encodes in C; dump's chunked encoder is pure Python (5x slower here)
         os.replace(tmp, target)
-        print(f"{target}: {len(big['images'])} images, {len(big['annotations'])} annotations, "
-              f"{target.stat().st_size / 2**20:.0f} MiB")
+        print(
+            f"{target}: {len(big['images'])} images, {len(big['annotations'])} annotations, "
+            f"{target.stat().st_size / 2**20:.0f} MiB"
+        )
 
 
 if __name__ == "__main__":

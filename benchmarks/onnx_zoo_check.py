@@ -52,7 +52,9 @@ def main() -> None:
             out = dict(zip(names, session.run(None, {session.get_inputs()[0].name: image.numpy()})))
         ours, theirs = eager["boxes"].numpy(), out["boxes"]
         if len(ours) != len(theirs) or not len(ours):
-            print(f"| {name} | ok | box count differs: eager {len(ours)}, onnxruntime {len(theirs)} | | {seconds:.1f} |")
+            print(
+                f"| {name} | ok | box count differs: eager {len(ours)}, onnxruntime {len(theirs)} | | {seconds:.1f} |"
+            )
             continue
         diff = max(np.abs(theirs - b).max(axis=1).min() for b in ours)
         print(f"| {name} | ok | {diff:.2e} | {len(ours)} | {seconds:.1f} |")

@@ -31,20 +31,31 @@ def kept_annotations(data: dict, image_size: int, min_side: float) -> dict[int, 
     return kept
 
 
-def build_subset(src: Path, out: Path, split: str = "train2017", images: int = 16, image_size: int = 320,
-                 min_side: float = 32.0, max_objects: int = 4) -> Path:
+def build_subset(
+    src: Path,
+    out: Path,
+    split: str = "train2017",
+    images: int = 16,
+    image_size: int = 320,
+    min_side: float = 32.0,
+    max_objects: int = 4,
+) -> Path:
     """Write ``out``/instances_subset.json and return its path."""
     data = json.loads((src / "annotations" / f"instances_{split}.json").read_text())
     kept = kept_annotations(data, image_size, min_side)
     chosen = sorted(i for i, anns in kept.items() if len(anns) <= max_objects)[:images]
     if len(chosen) < images:
-        raise SystemExit(f"only {len(chosen)} images of {split} have 1..{max_objects} objects of at least "
-                         f"{min_side} px at {image_size} px; lower --images or --min-side")
+        raise SystemExit(
+            f"only {len(chosen)} images of {split} have 1..{max_objects} objects of at least "
+            f"{min_side} px at {image_size} px; lower --images or --min-side"
+        )
     annotations = [a for i in chosen for a in kept[i]]
     used = {a["category_id"] for a in annotations}
-    subset = {"images": [im for im in data["images"] if im["id"] in set(chosen)],
-              "annotations": annotations,
-              "categories": [c for c in data["categories"] if c["id"] in used]}
+    subset = {
+        "images": [im for im in data["images"] if im["id"] in set(chosen)],
+        "annotations": annotations,
+        "categories": [c for c in data["categories"] if c["id"] in used],
+    }
     out.mkdir(parents=True, exist_ok=True)
     path = out / "instances_subset.json"
     path.write_text(json.dumps(subset))
@@ -61,11 +72,12 @@ def main() -> None:
     p.add_argument("--min-side", type=float, default=32.0)
     p.add_argument("--max-objects", type=int, default=4)
     args = p.parse_args()
-    path = build_subset(args.src, args.out, args.split, args.images, args.image_size, args.min_side,
-                        args.max_objects)
+    path = build_subset(args.src, args.out, args.split, args.images, args.image_size, args.min_side, args.max_objects)
     subset = json.loads(path.read_text())
-    print(f"{path}: {len(subset['images'])} images, {len(subset['annotations'])} boxes, "
-          f"{len(subset['categories'])} categories")
+    print(
+        f"{path}: {len(subset['images'])} images, {len(subset['annotations'])} boxes, "
+        f"{len(subset['categories'])} categories"
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,14 @@ def train(out: Path, setting: str, seed: int, extra: list[str]) -> dict:
     folder = run_dir(out, setting, seed)
     summary = folder / "summary.json"
     if not summary.exists():
-        cmd = [sys.executable, "train.py", f"seed={seed}", f"augment.partner_pool={setting}",
-               f"hydra.run.dir={folder}", *extra]
+        cmd = [
+            sys.executable,
+            "train.py",
+            f"seed={seed}",
+            f"augment.partner_pool={setting}",
+            f"hydra.run.dir={folder}",
+            *extra,
+        ]
         print("+", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads(summary.read_text())
@@ -49,8 +55,7 @@ def pooled_std(groups: list[list[float]]) -> float:
 
 
 def report(results: dict[str, list[dict]], pooled_setting: str, whole_setting: str) -> str:
-    lines = ["| partners | seeds | mAP mean ± std | mAP@0.5 mean ± std | per seed mAP@0.5 |",
-             "|---|---|---|---|---|"]
+    lines = ["| partners | seeds | mAP mean ± std | mAP@0.5 mean ± std | per seed mAP@0.5 |", "|---|---|---|---|---|"]
     for setting, rows in results.items():
         cells = []
         for stat in STATS:
@@ -66,29 +71,48 @@ def report(results: dict[str, list[dict]], pooled_setting: str, whole_setting: s
     spread = pooled_std([pooled, whole]) if min(len(pooled), len(whole)) > 1 else 0.0
     bar = max(0.01, 2 * spread)
     verdict = "change the default to whole-dataset partners" if gain > bar else "keep pools"
-    lines += ["", f"mAP@0.5 gain of whole-dataset partners: {gain:+.4f}; pooled std {spread:.4f}; "
-                  f"bar max(0.01, 2 x {spread:.4f}) = {bar:.4f}; rule: {verdict}"]
+    lines += [
+        "",
+        f"mAP@0.5 gain of whole-dataset partners: {gain:+.4f}; pooled std {spread:.4f}; "
+        f"bar max(0.01, 2 x {spread:.4f}) = {bar:.4f}; rule: {verdict}",
+    ]
     return "\n".join(lines)
 
 
 def throughput(out: Path, settings: list[str], coco: Path, rounds: int) -> str:
-    scenarios = {"make train's settings (synthetic, 128 px, batch 8)": [],
-                 "coco_tiny, 640 px, batch 32": ["dataset=coco", f"dataset.root={coco}", "dataset.image_size=640",
-                                                 "loader.batch_size=32", "bench.batches=20"]}
+    scenarios = {
+        "make train's settings (synthetic, 128 px, batch 8)": [],
+        "coco_tiny, 640 px, batch 32": [
+            "dataset=coco",
+            f"dataset.root={coco}",
+            "dataset.image_size=640",
+            "loader.batch_size=32",
+            "bench.batches=20",
+        ],
+    }
     rates: dict[tuple[str, str], list[float]] = {}
     decodes: dict[tuple[str, str], float] = {}
     for r in range(rounds):
         for n, (scenario, extra) in enumerate(scenarios.items()):
             for setting in settings:  # alternating, so both sides see the same background load
                 folder = out / f"bench-{n}-pool-{setting}-{r}"
-                cmd = [sys.executable, "train.py", "mode=bench", "bench.decode_probe=0", f"augment.partner_pool={setting}",
-                       f"hydra.run.dir={folder}", *extra]
+                cmd = [
+                    sys.executable,
+                    "train.py",
+                    "mode=bench",
+                    "bench.decode_probe=0",
+                    f"augment.partner_pool={setting}",
+                    f"hydra.run.dir={folder}",
+                    *extra,
+                ]
                 subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 summary = json.loads((folder / "summary.json").read_text())
                 rates.setdefault((scenario, setting), []).append(summary["examples_per_s"])
                 decodes[(scenario, setting)] = summary["decodes_per_sample"]
-    lines = ["| loader benchmark | partners | examples/s (median of %d) | decodes per sample |" % rounds,
-             "|---|---|---|---|"]
+    lines = [
+        "| loader benchmark | partners | examples/s (median of %d) | decodes per sample |" % rounds,
+        "|---|---|---|---|",
+    ]
     for scenario in scenarios:
         medians = {s: statistics.median(rates[(scenario, s)]) for s in settings}
         for setting in settings:
@@ -102,8 +126,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--settings", nargs=2, default=["8", "null"], metavar=("POOLED", "WHOLE"),
-                   help="the pooled setting first, then the one the rule would switch to")
+    p.add_argument(
+        "--settings",
+        nargs=2,
+        default=["8", "null"],
+        metavar=("POOLED", "WHOLE"),
+        help="the pooled setting first, then the one the rule would switch to",
+    )
     p.add_argument("extra", nargs="*", help="overrides for every run (after --)")
     p.add_argument("--throughput", action="store_true", help="measure each setting's loader instead of training")
     p.add_argument("--coco", type=Path, default=ROOT.parent / "shared" / "data" / "coco_tiny")

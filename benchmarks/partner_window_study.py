@@ -25,8 +25,10 @@ from partner_pool_study import pooled_std  # noqa: E402
 
 
 def settings(window: int) -> dict[str, list[str]]:
-    return {f"window-{window}": ["augment.partners=window", f"augment.partner_window={window}"],
-            "dataset": ["augment.partners=dataset"]}
+    return {
+        f"window-{window}": ["augment.partners=window", f"augment.partner_window={window}"],
+        "dataset": ["augment.partners=dataset"],
+    }
 
 
 def train(out: Path, name: str, overrides: list[str], seed: int) -> dict:
@@ -39,8 +41,11 @@ def train(out: Path, name: str, overrides: list[str], seed: int) -> dict:
     return json.loads(summary.read_text())
 
 
-def report(results: dict[str, list[dict]], column: str = "partners",
-           verdicts: tuple[str, str] = ("window partners may be the default", "keep whole-dataset partners")) -> str:
+def report(
+    results: dict[str, list[dict]],
+    column: str = "partners",
+    verdicts: tuple[str, str] = ("window partners may be the default", "keep whole-dataset partners"),
+) -> str:
     """The table of two settings' runs, and the rule's line: the first setting, the challenger,
     may become the default if its mean mAP is not below the second's by more than
     max(0.01, 2 x the pooled standard deviation); ``verdicts``: (it may, it may not)."""
@@ -62,8 +67,11 @@ def report(results: dict[str, list[dict]], column: str = "partners",
     drop = statistics.mean(default) - statistics.mean(challenger)
     spread = pooled_std([challenger, default]) if min(len(challenger), len(default)) > 1 else 0.0
     bar = max(0.01, 2 * spread)
-    lines += ["", f"mAP drop of {challenger_name}: {drop:+.4f}; pooled std {spread:.4f}; bar max(0.01, 2 x {spread:.4f}) "
-                  f"= {bar:.4f}; rule: {verdicts[0] if drop <= bar else verdicts[1]}"]
+    lines += [
+        "",
+        f"mAP drop of {challenger_name}: {drop:+.4f}; pooled std {spread:.4f}; bar max(0.01, 2 x {spread:.4f}) "
+        f"= {bar:.4f}; rule: {verdicts[0] if drop <= bar else verdicts[1]}",
+    ]
     return "\n".join(lines)
 
 

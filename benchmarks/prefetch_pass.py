@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from cocodet.read_ahead.object_cache import ObjectCache
 from cocodet.read_ahead.fetcher import ReadAhead
+from cocodet.read_ahead.object_cache import ObjectCache
 
 OBJECTS, READS_PER_SAMPLE, BUDGET = 118_287, 4, 4 * 2**30
 

@@ -20,8 +20,13 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = ["tv_fasterrcnn_resnet50_fpn", "tv_fcos_resnet50_fpn", "tv_retinanet_resnet50_fpn", "tv_ssd300_vgg16",
-           "tv_ssdlite320_mobilenet_v3_large"]
+RECIPES = [
+    "tv_fasterrcnn_resnet50_fpn",
+    "tv_fcos_resnet50_fpn",
+    "tv_retinanet_resnet50_fpn",
+    "tv_ssd300_vgg16",
+    "tv_ssdlite320_mobilenet_v3_large",
+]
 
 
 def epoch_losses(run: Path) -> list[float]:
@@ -43,16 +48,32 @@ def main() -> None:
         for name in RECIPES:
             small = [] if "ssd" in name else ["+model.detector.min_size=256", "+model.detector.max_size=416"]
             run = Path(tmp) / name
-            cmd = [sys.executable, str(REPO / "train.py"), f"experiment={name}", f"dataset.root={args.root}",
-                   "trainer=cpu", "trainer.precision=32-true", "loader.batch_size=2", f"trainer.max_epochs={args.epochs}",
-                   "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", *small, f"hydra.run.dir={run}"]
+            cmd = [
+                sys.executable,
+                str(REPO / "train.py"),
+                f"experiment={name}",
+                f"dataset.root={args.root}",
+                "trainer=cpu",
+                "trainer.precision=32-true",
+                "loader.batch_size=2",
+                f"trainer.max_epochs={args.epochs}",
+                "trainer.log_every_n_steps=1",
+                "trainer.enable_progress_bar=false",
+                *small,
+                f"hydra.run.dir={run}",
+            ]
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
             summary = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
             losses = epoch_losses(run) if proc.returncode == 0 else []
-            results[name] = {"status": summary.get("status", f"exit {proc.returncode}"), "epoch_loss": losses,
-                             "falling": len(losses) > 1 and losses[-1] < losses[0], "map50": summary.get("map50"),
-                             "global_batch": summary.get("global_batch"), "effective_lr": summary.get("effective_lr"),
-                             "wall_s": summary.get("wall_s")}
+            results[name] = {
+                "status": summary.get("status", f"exit {proc.returncode}"),
+                "epoch_loss": losses,
+                "falling": len(losses) > 1 and losses[-1] < losses[0],
+                "map50": summary.get("map50"),
+                "global_batch": summary.get("global_batch"),
+                "effective_lr": summary.get("effective_lr"),
+                "wall_s": summary.get("wall_s"),
+            }
             print(json.dumps({name: results[name]}), flush=True)
 
 

@@ -64,8 +64,15 @@ def raw_weights(folder: Path, seed: int, overrides: list[str]) -> dict:
         ckpt.pop("averaging_state", None)
         raw = folder / "checkpoints" / "raw.ckpt"
         torch.save(ckpt, raw)
-        cmd = [sys.executable, "train.py", "mode=eval", f"ckpt_path={raw}", f"seed={seed}",
-               f"hydra.run.dir={folder / 'raw-eval'}", *[o for o in overrides if not o.startswith("model.ema")]]
+        cmd = [
+            sys.executable,
+            "train.py",
+            "mode=eval",
+            f"ckpt_path={raw}",
+            f"seed={seed}",
+            f"hydra.run.dir={folder / 'raw-eval'}",
+            *[o for o in overrides if not o.startswith("model.ema")],
+        ]
         print("+", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads(summary.read_text())
@@ -92,22 +99,33 @@ def rule(stat: str, base: list[dict], other: list[dict], what: str) -> str:
     spread = pooled_std([a, b])
     bar = max(0.01, 2 * spread)
     verdict = f"make {what} the default" if gain > bar else f"keep the default ({what} stays off)"
-    return (f"{stat} gain of {what}: {statistics.mean(b):.4f} - {statistics.mean(a):.4f} = {gain:+.4f}; pooled std "
-            f"{spread:.4f}; bar max(0.01, 2 x {spread:.4f}) = {bar:.4f}; rule: {verdict}")
+    return (
+        f"{stat} gain of {what}: {statistics.mean(b):.4f} - {statistics.mean(a):.4f} = {gain:+.4f}; pooled std "
+        f"{spread:.4f}; bar max(0.01, 2 x {spread:.4f}) = {bar:.4f}; rule: {verdict}"
+    )
 
 
 def report(results: dict[str, list[dict]]) -> str:
-    head = ["| arm | seeds | healthy | mAP mean ± std | mAP@0.75 mean ± std | mAP@0.5 mean ± std "
-            "| mAP per seed | mAP@0.5 per seed |", "|---|---|---|---|---|---|---|---|"]
-    names = {"before": "bias 0 (before), pools of 8", "default": "bias 1, pools of 8, raw weights",
-             "default-ema": "bias 1, pools of 8, EMA weights (same runs)", "whole": "bias 1, whole-dataset partners"}
+    head = [
+        "| arm | seeds | healthy | mAP mean ± std | mAP@0.75 mean ± std | mAP@0.5 mean ± std "
+        "| mAP per seed | mAP@0.5 per seed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    names = {
+        "before": "bias 0 (before), pools of 8",
+        "default": "bias 1, pools of 8, raw weights",
+        "default-ema": "bias 1, pools of 8, EMA weights (same runs)",
+        "whole": "bias 1, whole-dataset partners",
+    }
     lines = head + [side(names[arm], rows) for arm, rows in results.items() if rows]
     lines.append("")
     if results.get("before") and results.get("default"):
         before = statistics.mean(r["map50"] for r in results["before"])
         after = statistics.mean(r["map50"] for r in results["default"])
-        lines.append(f"fix: mAP@0.5 {after:.4f} against {before:.4f} before; floor {before - 0.01:.4f}: "
-                     f"{'kept' if after >= before - 0.01 else 'LOST'}")
+        lines.append(
+            f"fix: mAP@0.5 {after:.4f} against {before:.4f} before; floor {before - 0.01:.4f}: "
+            f"{'kept' if after >= before - 0.01 else 'LOST'}"
+        )
     if results.get("default") and results.get("default-ema"):
         lines.append(rule("map", results["default"], results["default-ema"], "EMA"))
     if results.get("default") and results.get("whole"):
@@ -134,8 +152,9 @@ def main() -> None:
             if args.report and not (folder / "raw-eval" / "summary.json").exists():
                 continue
             results["default-ema"].append(s)
-            results["default"].append(raw_weights(folder, seed, ARMS[arm]) | {"status": s["status"],
-                                                                               "health": s.get("health")})
+            results["default"].append(
+                raw_weights(folder, seed, ARMS[arm]) | {"status": s["status"], "health": s.get("health")}
+            )
         else:
             results[arm].append(s)
     print(report(results))

@@ -54,8 +54,11 @@ def build_dataset(src: Path, out: Path, objects: int) -> None:
         for a in by_image.get(img["id"], []):
             anns.append({**a, "id": len(anns) + 1, "image_id": n + 1})
     (out / "annotations" / "instances_train2017.json").write_text(
-        json.dumps({**data, "images": images, "annotations": anns}))
-    (out / "annotations" / "instances_val2017.json").write_text((src / "annotations" / "instances_val2017.json").read_text())
+        json.dumps({**data, "images": images, "annotations": anns})
+    )
+    (out / "annotations" / "instances_val2017.json").write_text(
+        (src / "annotations" / "instances_val2017.json").read_text()
+    )
     if not (out / "val2017").exists():
         shutil.copytree(src / "val2017", out / "val2017")
 
@@ -67,8 +70,12 @@ def upload(endpoint: str, root: Path) -> None:
     client.create_bucket(Bucket=BUCKET)
     files = [p for p in root.rglob("*") if p.is_file()]
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda p: client.put_object(Bucket=BUCKET, Key=p.relative_to(root).as_posix(),
-                                                  Body=p.read_bytes()), files))
+        list(
+            pool.map(
+                lambda p: client.put_object(Bucket=BUCKET, Key=p.relative_to(root).as_posix(), Body=p.read_bytes()),
+                files,
+            )
+        )
 
 
 def start_proxy(upstream: str, delay_s: float) -> tuple[str, threading.Thread]:
@@ -83,25 +90,27 @@ def start_proxy(upstream: str, delay_s: float) -> tuple[str, threading.Thread]:
         await asyncio.sleep(delay_s)
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
-        async with request.app["session"].request(request.method, upstream + request.path_qs, headers=headers,
-                                                  data=body, allow_redirects=False) as r:
+        async with request.app["session"].request(
+            request.method, upstream + request.path_qs, headers=headers, data=body, allow_redirects=False
+        ) as r:
             payload = await r.read()
-            drop = ("transfer-encoding", "content-encoding", "connection") + (() if request.method == "HEAD" else
-                                                                               ("content-length",))
+            drop = ("transfer-encoding", "content-encoding", "connection") + (
+                () if request.method == "HEAD" else ("content-length",)
+            )
             out = {k: v for k, v in r.headers.items() if k.lower() not in drop}
             return web.Response(status=r.status, body=None if request.method == "HEAD" else payload, headers=out)
 
     def serve():
         async def main():
             app = web.Application(client_max_size=1 << 30)
-            app["session"] = aiohttp.ClientSession(auto_decompress=False,
-                                                   connector=aiohttp.TCPConnector(limit=256))
+            app["session"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=256))
             app.router.add_route("*", "/{tail:.*}", handle)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
             ready.set()
             await asyncio.Event().wait()
+
         asyncio.run(main())
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -111,10 +120,26 @@ def start_proxy(upstream: str, delay_s: float) -> tuple[str, threading.Thread]:
 
 
 def bench(root: str, run_dir: Path, cache: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, str(REPO / "train.py"), "mode=bench", "dataset=coco", f"dataset.root={root}",
-           "dataset.image_size=640", "augment=mosaic", *PARTNERS, "loader=explicit", "loader.num_workers=2",
-           "loader.batch_size=8", "bench.batches=null", "bench.epochs=2", "bench.warmup=0", "bench.decode_probe=0",
-           f"dataset.cache_dir={cache}", f"hydra.run.dir={run_dir}", *extra]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root={root}",
+        "dataset.image_size=640",
+        "augment=mosaic",
+        *PARTNERS,
+        "loader=explicit",
+        "loader.num_workers=2",
+        "loader.batch_size=8",
+        "bench.batches=null",
+        "bench.epochs=2",
+        "bench.warmup=0",
+        "bench.decode_probe=0",
+        f"dataset.cache_dir={cache}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **DUMMY_KEYS}, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"bench failed:\n{proc.stderr[-3000:]}")
@@ -142,11 +167,17 @@ def main() -> None:
         weed = psutil.Process(store.proc.pid)
         me = psutil.Process()
         rows["local disk"] = bench(str(local), args.out / "local", args.out / "cache_local", [])
-        for name, extra in {"bucket, read-ahead": remote,
-                            "bucket, no read-ahead": [*remote, "dataset.remote.cache_bytes=0", "bench.epochs=1"]}.items():
+        for name, extra in {
+            "bucket, read-ahead": remote,
+            "bucket, no read-ahead": [*remote, "dataset.remote.cache_bytes=0", "bench.epochs=1"],
+        }.items():
             cpu0 = (weed.cpu_times(), me.cpu_times())
-            rows[name] = bench(f"s3://{BUCKET}", args.out / name.replace(", ", "_").replace(" ", "_"),
-                               args.out / f"cache_{len(rows)}", extra)
+            rows[name] = bench(
+                f"s3://{BUCKET}",
+                args.out / name.replace(", ", "_").replace(" ", "_"),
+                args.out / f"cache_{len(rows)}",
+                extra,
+            )
             cpu1 = (weed.cpu_times(), me.cpu_times())
             rows[name]["store_cpu_s"] = round(sum(cpu1[0][:2]) - sum(cpu0[0][:2]), 1)
             rows[name]["proxy_cpu_s"] = round(sum(cpu1[1][:2]) - sum(cpu0[1][:2]), 1)
@@ -157,18 +188,24 @@ def main() -> None:
 
 def report(rows: dict, objects: int, delay_ms: float) -> None:
     base = [e["examples_per_s"] for e in rows["local disk"]["epochs"]]
-    print(f"\n{objects} objects, {delay_ms:g} ms added per request, 2 workers, mosaic 640 px, batch 8, "
-          f"partners: {' '.join(PARTNERS) or 'the default'}\n")
-    print("| source | epoch | examples/s | vs local | GETs/sample | MB fetched | misses | retries | store CPU s | proxy CPU s |")
+    print(
+        f"\n{objects} objects, {delay_ms:g} ms added per request, 2 workers, mosaic 640 px, batch 8, "
+        f"partners: {' '.join(PARTNERS) or 'the default'}\n"
+    )
+    print(
+        "| source | epoch | examples/s | vs local | GETs/sample | MB fetched | misses | retries | store CPU s | proxy CPU s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, s in rows.items():
         remote = s.get("remote") or {}
         for e in s["epochs"]:
             ratio = e["examples_per_s"] / base[e["epoch"]] if e["epoch"] < len(base) else None
-            print(f"| {name} | {e['epoch']} | {e['examples_per_s']:.1f} | {ratio:.2f}x | "
-                  f"{remote.get('gets_per_sample', '-')} | {remote.get('bytes_fetched', 0) / 1e6:.0f} | "
-                  f"{remote.get('misses', '-')} | {remote.get('retries', '-')} | {s.get('store_cpu_s', '-')} | "
-                  f"{s.get('proxy_cpu_s', '-')} |")
+            print(
+                f"| {name} | {e['epoch']} | {e['examples_per_s']:.1f} | {ratio:.2f}x | "
+                f"{remote.get('gets_per_sample', '-')} | {remote.get('bytes_fetched', 0) / 1e6:.0f} | "
+                f"{remote.get('misses', '-')} | {remote.get('retries', '-')} | {s.get('store_cpu_s', '-')} | "
+                f"{s.get('proxy_cpu_s', '-')} |"
+            )
     print("\nGETs, bytes, misses and retries are per run (both epochs); JSON summaries under --out.")
 
 

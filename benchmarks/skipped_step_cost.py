@@ -49,12 +49,20 @@ def measure(name: str, size: int, batch: int, steps: int, repeats: int) -> dict:
     verdict_ms = median_ms(lambda: gradients_finite(gradient_norm(optimizer)), repeats)
     restore_ms = median_ms(snapshot.restore, repeats)
     guard = take_ms + verdict_ms
-    return {"model": name, "size": size, "batch": batch, "threads": torch.get_num_threads(),
-            "buffers": len(snapshot.buffers), "buffer_mib": round(sum(b.numel() * b.element_size()
-                                                                      for b in snapshot.buffers) / 2**20, 2),
-            "step_ms": round(step_ms, 1), "snapshot_ms": round(take_ms, 3), "verdict_ms": round(verdict_ms, 3),
-            "per_step_ms": round(guard, 3), "share_of_step": f"{guard / step_ms:.3%}",
-            "restore_ms_when_skipped": round(restore_ms, 3)}
+    return {
+        "model": name,
+        "size": size,
+        "batch": batch,
+        "threads": torch.get_num_threads(),
+        "buffers": len(snapshot.buffers),
+        "buffer_mib": round(sum(b.numel() * b.element_size() for b in snapshot.buffers) / 2**20, 2),
+        "step_ms": round(step_ms, 1),
+        "snapshot_ms": round(take_ms, 3),
+        "verdict_ms": round(verdict_ms, 3),
+        "per_step_ms": round(guard, 3),
+        "share_of_step": f"{guard / step_ms:.3%}",
+        "restore_ms_when_skipped": round(restore_ms, 3),
+    }
 
 
 def main() -> None:

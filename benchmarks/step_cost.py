@@ -50,8 +50,10 @@ def main() -> None:
     for width in args.widths:
         for threads in sorted({cores, 1}, reverse=True):
             torch.set_num_threads(threads)
-            print(f"| {width} | {threads} | {seconds_per_step(width, args.size, args.batch, args.steps):.3f} |",
-                  flush=True)
+            print(
+                f"| {width} | {threads} | {seconds_per_step(width, args.size, args.batch, args.steps):.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

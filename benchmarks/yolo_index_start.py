@@ -47,7 +47,8 @@ def write_layout(coco: Path, out: Path, images: int) -> Path:
             if not a.get("iscrowd"):
                 lines.setdefault(a["image_id"], []).append(
                     f"{classes[a['category_id']]} {(x + w / 2) / im['width']:.6f} {(y + h / 2) / im['height']:.6f} "
-                    f"{w / im['width']:.6f} {h / im['height']:.6f}")
+                    f"{w / im['width']:.6f} {h / im['height']:.6f}"
+                )
         (yolo / "images" / split).mkdir(parents=True, exist_ok=True)
         (yolo / "labels" / split).mkdir(parents=True, exist_ok=True)
         for n in range(count or len(data["images"])):
@@ -58,14 +59,16 @@ def write_layout(coco: Path, out: Path, images: int) -> Path:
                 os.link(coco / source / im["file_name"], link)
             (yolo / "labels" / split / f"{stem}.txt").write_text("\n".join(lines.get(im["id"], [])) + "\n")
         names = {k: next(c["name"] for c in data["categories"] if c["id"] == cid) for cid, k in classes.items()}
-    (yolo / "data.yaml").write_text(yaml.safe_dump({"path": ".", "train": "images/train", "val": "images/val",
-                                                    "names": names}))
+    (yolo / "data.yaml").write_text(
+        yaml.safe_dump({"path": ".", "train": "images/train", "val": "images/val", "names": names})
+    )
     return yolo / "data.yaml"
 
 
 def start(data_yaml: Path, cache: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", START, str(data_yaml), str(cache)], capture_output=True, text=True,
-                          check=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", START, str(data_yaml), str(cache)], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -42,10 +42,14 @@ def main() -> None:
         label = args.label[i] if i < len(args.label) else run_dir.name
         for stat, style in (("val/map50", "-o"), ("val/map", "--")):
             epochs, values = curve(run_dir, stat)
-            ax.plot(epochs, values, style, markersize=3, label=f"{label}: {'mAP@0.5' if stat.endswith('50') else 'mAP'}")
+            ax.plot(
+                epochs, values, style, markersize=3, label=f"{label}: {'mAP@0.5' if stat.endswith('50') else 'mAP'}"
+            )
             if stat == "val/map50" and values:
-                print(f"{label}: mAP@0.5 best {max(values):.3f} (epoch {epochs[values.index(max(values))]}), "
-                      f"last {values[-1]:.3f} (epoch {epochs[-1]})")
+                print(
+                    f"{label}: mAP@0.5 best {max(values):.3f} (epoch {epochs[values.index(max(values))]}), "
+                    f"last {values[-1]:.3f} (epoch {epochs[-1]})"
+                )
     ax.set_xlabel("epoch")
     ax.set_ylabel("COCO AP")
     ax.set_ylim(0, 1)

@@ -70,12 +70,19 @@ def synthetic_overrides(root: Path) -> list[str]:
     return [f"dataset.root={root}", "dataset.synthetic.n_train=48", "dataset.synthetic.n_val=16"]
 
 
-def run_train(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600,
-              prefix: list[str] | None = None, check: bool = True) -> tuple[subprocess.CompletedProcess, dict | None]:
+def run_train(
+    args: list[str],
+    run_dir: Path,
+    env: dict | None = None,
+    timeout: int = 600,
+    prefix: list[str] | None = None,
+    check: bool = True,
+) -> tuple[subprocess.CompletedProcess, dict | None]:
     """Run train.py as a user would; return the process and the summary (last stdout line)."""
     cmd = [*(prefix or []), sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     summary = None
     lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
     if lines:
@@ -84,7 +91,9 @@ def run_train(args: list[str], run_dir: Path, env: dict | None = None, timeout: 
         except json.JSONDecodeError:
             summary = None
     if check and proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-5000:]}")
+        raise AssertionError(
+            f"train.py failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-5000:]}"
+        )
     return proc, summary
 
 
@@ -109,16 +118,47 @@ def run_in_process(overrides: list[str], run_dir: Path) -> dict:
 # another test process, from `CI=true PYTEST_ARGS=--durations=0 bash .ci/run`. Files not listed
 # follow in their usual order. Only the order changes, never which tests run.
 LONGEST_FILES = {  # the larger of a file's seconds in the two suites
-    "test_use_checkpoint.py": 230, "test_ddp.py": 300, "test_output_parity.py": 196, "test_overfit_real.py": 145,
-    "test_resume.py": 132, "test_long_run.py": 125, "test_mlflow_blink.py": 116, "test_readme.py": 122,
-    "test_mlflow_runs.py": 107, "test_loader_faults.py": 101, "test_store_outage.py": 84, "test_hostile_paths.py": 70,
-    "test_reference_presets.py": 74, "test_remote_root.py": 68, "test_skipped_step.py": 67, "test_recipe_parity.py": 66,
-    "test_scale.py": 62, "test_replan.py": 56, "test_train.py": 52, "test_ssd_presets.py": 50, "test_read_ahead.py": 48,
-    "test_export_resize.py": 46, "test_health.py": 44, "test_mlflow_default_store.py": 37, "test_loader_hang.py": 31,
-    "test_recipes.py": 28, "test_trust.py": 28, "test_user_errors.py": 26, "test_determinism.py": 25,
-    "test_mlflow_guard.py": 21, "test_disk_full.py": 20, "test_yolo_parity.py": 19, "test_window_partners.py": 15,
-    "test_object_cache.py": 15, "test_tools.py": 14, "test_pretrained_files.py": 12, "test_bad_input.py": 11,
-    "test_container.py": 11, "test_dead_lock_holders.py": 10, "test_layout.py": 9, "test_bench.py": 8,
+    "test_use_checkpoint.py": 230,
+    "test_ddp.py": 300,
+    "test_output_parity.py": 196,
+    "test_overfit_real.py": 145,
+    "test_resume.py": 132,
+    "test_long_run.py": 125,
+    "test_mlflow_blink.py": 116,
+    "test_readme.py": 122,
+    "test_mlflow_runs.py": 107,
+    "test_loader_faults.py": 101,
+    "test_store_outage.py": 84,
+    "test_hostile_paths.py": 70,
+    "test_reference_presets.py": 74,
+    "test_remote_root.py": 68,
+    "test_skipped_step.py": 67,
+    "test_recipe_parity.py": 66,
+    "test_scale.py": 62,
+    "test_replan.py": 56,
+    "test_train.py": 52,
+    "test_ssd_presets.py": 50,
+    "test_read_ahead.py": 48,
+    "test_export_resize.py": 46,
+    "test_health.py": 44,
+    "test_mlflow_default_store.py": 37,
+    "test_loader_hang.py": 31,
+    "test_recipes.py": 28,
+    "test_trust.py": 28,
+    "test_user_errors.py": 26,
+    "test_determinism.py": 25,
+    "test_mlflow_guard.py": 21,
+    "test_disk_full.py": 20,
+    "test_yolo_parity.py": 19,
+    "test_window_partners.py": 15,
+    "test_object_cache.py": 15,
+    "test_tools.py": 14,
+    "test_pretrained_files.py": 12,
+    "test_bad_input.py": 11,
+    "test_container.py": 11,
+    "test_dead_lock_holders.py": 10,
+    "test_layout.py": 9,
+    "test_bench.py": 8,
 }
 
 
@@ -168,9 +208,11 @@ def fail_a_ci_skip(report):
     reason = skip_reason(report)
     if allowed_skip(reason) is None:
         report.outcome = "failed"
-        report.longrepr = (f"skipped under CI=true: {reason}. A skip passes green without testing anything: give "
-                           "this host what the test needs, or, if no CI host can ever have it, add the reason to "
-                           "ALLOWED_SKIPS in tests/conftest.py")
+        report.longrepr = (
+            f"skipped under CI=true: {reason}. A skip passes green without testing anything: give "
+            "this host what the test needs, or, if no CI host can ever have it, add the reason to "
+            "ALLOWED_SKIPS in tests/conftest.py"
+        )
         # A collection report has no user_properties of its own; an attribute travels from an xdist worker too.
         report.user_properties = [*getattr(report, "user_properties", ()), ("skip_under_ci", reason)]
     return report
@@ -190,12 +232,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The skips CI allows, then every test that skipped, and every skip CI failed."""
     tr = terminalreporter
     skipped = [r for r in tr.stats.get("skipped", []) if not hasattr(r, "wasxfail")]
-    refused = [(r, dict(r.user_properties)["skip_under_ci"]) for kind in ("failed", "error")
-               for r in tr.stats.get(kind, []) if "skip_under_ci" in dict(getattr(r, "user_properties", ()))]
+    refused = [
+        (r, dict(r.user_properties)["skip_under_ci"])
+        for kind in ("failed", "error")
+        for r in tr.stats.get(kind, [])
+        if "skip_under_ci" in dict(getattr(r, "user_properties", ()))
+    ]
     tr.section("skips")
     tr.write_line(f"allowed under CI=true (ALLOWED_SKIPS, tests/conftest.py): {'; '.join(ALLOWED_SKIPS)}")
     for r in skipped:
-        tr.write_line(f"skipped {r.nodeid}: {skip_reason(r)} ({allowed_skip(skip_reason(r)) or 'a failure under CI=true'})")
+        tr.write_line(
+            f"skipped {r.nodeid}: {skip_reason(r)} ({allowed_skip(skip_reason(r)) or 'a failure under CI=true'})"
+        )
     for r, reason in refused:
         tr.write_line(f"failed (a skip under CI=true) {r.nodeid}: {reason}")
     if not skipped and not refused:

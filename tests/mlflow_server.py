@@ -29,12 +29,29 @@ class MlflowServer:
 
     def start(self) -> "MlflowServer":
         binary = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-        cmd = [binary, "server", "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}",
-               "--artifacts-destination", str(self.folder / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(self.port), "--workers", "1"]
+        cmd = [
+            binary,
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.folder / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(self.folder / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+        ]
         log = (self.folder / "server.log").open("ab")
-        self.proc = subprocess.Popen(cmd, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.folder,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+        )
         self.wait_until_it_answers()
         return self
 
@@ -50,7 +67,9 @@ class MlflowServer:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 log = self.folder / "server.log"
-                raise RuntimeError(f"mlflow did not answer on {self.uri}: {log.read_text()[-2000:] if log.exists() else ''}")
+                raise RuntimeError(
+                    f"mlflow did not answer on {self.uri}: {log.read_text()[-2000:] if log.exists() else ''}"
+                )
             time.sleep(0.2)
 
     def stop(self, graceful: bool = True) -> None:

@@ -13,14 +13,28 @@ from conftest import synthetic_overrides
 
 
 def bench_args(root: Path, *extra: str) -> list[str]:
-    return ["mode=bench", *synthetic_overrides(root), "logger=mlflow", "bench.batches=6", "bench.warmup=1",
-            "bench.decode_probe=4", *extra]
+    return [
+        "mode=bench",
+        *synthetic_overrides(root),
+        "logger=mlflow",
+        "bench.batches=6",
+        "bench.warmup=1",
+        "bench.decode_probe=4",
+        *extra,
+    ]
 
 
 def run_sweep(root: Path, sweep_dir: Path, launcher: str, cwd: Path, env: dict, *extra: str) -> None:
     """A 2-job -m bench sweep (loader.num_workers=0,1) with ``launcher``, run from ``cwd``."""
-    cmd = [sys.executable, "train.py", "-m", *bench_args(root, *extra), "loader.num_workers=0,1",
-           f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        *bench_args(root, *extra),
+        "loader.num_workers=0,1",
+        f"hydra/launcher={launcher}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -16,8 +16,11 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-DUMMY_KEYS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret",
-              "AWS_DEFAULT_REGION": "us-east-1"}
+DUMMY_KEYS = {
+    "AWS_ACCESS_KEY_ID": "testing-key-id",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 def free_port() -> int:
@@ -43,8 +46,13 @@ def moto_server(auth_after: int | None = None):
     port = free_port()
     env = {**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": str(auth_after)} if auth_after is not None else {})}
     workdir = tempfile.mkdtemp(prefix="moto-")  # its request recording (MOTO_ENABLE_RECORDING) goes there
-    proc = subprocess.Popen([moto_server_binary(), "-H", "127.0.0.1", "-p", str(port)], env=env, cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [moto_server_binary(), "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -77,9 +85,13 @@ def end_process(proc: subprocess.Popen, graceful_s: float = 10.0) -> None:
 def s3_client(endpoint: str, **keys):
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id=keys.get("key", DUMMY_KEYS["AWS_ACCESS_KEY_ID"]),
-                        aws_secret_access_key=keys.get("secret", DUMMY_KEYS["AWS_SECRET_ACCESS_KEY"]))
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=keys.get("key", DUMMY_KEYS["AWS_ACCESS_KEY_ID"]),
+        aws_secret_access_key=keys.get("secret", DUMMY_KEYS["AWS_SECRET_ACCESS_KEY"]),
+    )
 
 
 def upload_folder(endpoint: str, folder: Path, bucket: str, prefix: str = "", **keys) -> int:

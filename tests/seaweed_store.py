@@ -15,9 +15,23 @@ from pathlib import Path
 
 from moto_store import end_process, free_port
 
-SERVICES = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-            "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "s3.port.iceberg",
-            "s3.port.lance", "metricsPort", "debug.port")
+SERVICES = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
+    "webdav.port",
+    "s3.port.iceberg",
+    "s3.port.lance",
+    "metricsPort",
+    "debug.port",
+)
 
 
 def weed_binary() -> str:
@@ -43,9 +57,22 @@ class SeaweedStore:
     def start(self, timeout: float = 60.0) -> None:
         flags = [f"-{name}={port}" for name, port in self.ports.items()]
         log = open(self.log_path, "a")
-        self.proc = subprocess.Popen([weed_binary(), "-v=3", "-logtostderr", "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1",
-                                      "-ip.bind=127.0.0.1", "-master.telemetry=false", *flags],
-                                     stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+        self.proc = subprocess.Popen(
+            [
+                weed_binary(),
+                "-v=3",
+                "-logtostderr",
+                "mini",
+                f"-dir={self.folder / 'data'}",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-master.telemetry=false",
+                *flags,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.folder,
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while not self._answers():

@@ -68,10 +68,15 @@ class ResourceProbe(L.Callback):
             return out
 
         val = trainer.val_dataloaders
-        row = {"epoch": trainer.current_epoch, "fds": len(os.listdir("/proc/self/fd")),
-               "shm": len(os.listdir(self.shm_path)), "shm_used": shutil.disk_usage(self.shm_path).used,
-               "rss": psutil.Process().memory_info().rss,
-               "train_workers": workers(trainer.train_dataloader), "val_workers": workers(val) if val else {}}
+        row = {
+            "epoch": trainer.current_epoch,
+            "fds": len(os.listdir("/proc/self/fd")),
+            "shm": len(os.listdir(self.shm_path)),
+            "shm_used": shutil.disk_usage(self.shm_path).used,
+            "rss": psutil.Process().memory_info().rss,
+            "train_workers": workers(trainer.train_dataloader),
+            "val_workers": workers(val) if val else {},
+        }
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -145,9 +150,11 @@ class _AtSteps(L.Callback):
         self.handles = []
 
     def hit(self, trainer, batch_idx) -> bool:
-        return (self.step <= trainer.global_step < self.step + self.count
-                and (self.rank is None or trainer.global_rank == self.rank)
-                and (not self.first_only or batch_idx % trainer.accumulate_grad_batches == 0))
+        return (
+            self.step <= trainer.global_step < self.step + self.count
+            and (self.rank is None or trainer.global_rank == self.rank)
+            and (not self.first_only or batch_idx % trainer.accumulate_grad_batches == 0)
+        )
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.hit(trainer, batch_idx):
@@ -220,10 +227,12 @@ class StateAcrossSteps(L.Callback):
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         averaging = next((c for c in trainer.callbacks if isinstance(c, WeightAveraging)), None)
         average = getattr(averaging, "_average_model", None)  # Lightning's AveragedModel (model.ema.decay)
-        return {"params": {n: p.detach().clone() for n, p in pl_module.named_parameters()},
-                "buffers": {n: b.detach().clone() for n, b in pl_module.named_buffers()},
-                "ema": {n: t.detach().clone() for n, t in average.state_dict().items()} if average is not None else {},
-                "scale": float(scaler.get_scale()) if scaler is not None else None}
+        return {
+            "params": {n: p.detach().clone() for n, p in pl_module.named_parameters()},
+            "buffers": {n: b.detach().clone() for n, b in pl_module.named_buffers()},
+            "ema": {n: t.detach().clone() for n, t in average.state_dict().items()} if average is not None else {},
+            "scale": float(scaler.get_scale()) if scaler is not None else None,
+        }
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.compare(trainer, pl_module)
@@ -249,14 +258,28 @@ class StateAcrossSteps(L.Callback):
         step, self.pending = self.pending, None
         self.steps.remove(step)
         before, after = self.before[step], self.state(trainer, pl_module)
-        changed = {kind: [n for n, t in after[kind].items() if not torch.equal(t, before[kind][n])]
-                   for kind in ("params", "buffers", "ema")}
-        finite = all(bool(torch.isfinite(t).all()) for kind in ("params", "buffers") for t in after[kind].values()
-                     if t.is_floating_point())
-        row = {"step": step, "params_changed": len(changed["params"]), "params": len(after["params"]),
-               "buffers_changed": changed["buffers"][:5], "n_buffers_changed": len(changed["buffers"]),
-               "ema_changed": len(changed["ema"]), "ema": len(after["ema"]),
-               "finite": finite, "scale_before": before["scale"], "scale_after": after["scale"]}
+        changed = {
+            kind: [n for n, t in after[kind].items() if not torch.equal(t, before[kind][n])]
+            for kind in ("params", "buffers", "ema")
+        }
+        finite = all(
+            bool(torch.isfinite(t).all())
+            for kind in ("params", "buffers")
+            for t in after[kind].values()
+            if t.is_floating_point()
+        )
+        row = {
+            "step": step,
+            "params_changed": len(changed["params"]),
+            "params": len(after["params"]),
+            "buffers_changed": changed["buffers"][:5],
+            "n_buffers_changed": len(changed["buffers"]),
+            "ema_changed": len(changed["ema"]),
+            "ema": len(after["ema"]),
+            "finite": finite,
+            "scale_before": before["scale"],
+            "scale_after": after["scale"],
+        }
         with open(f"{self.path}.rank{trainer.global_rank}", "a") as f:
             f.write(json.dumps(row) + "\n")
 

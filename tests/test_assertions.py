@@ -37,13 +37,17 @@ def always_true(test: ast.expr) -> bool:
 
 
 def assertions_that_cannot_fail(source: str, name: str) -> list[str]:
-    return [f"{name}:{node.lineno}: assert {ast.unparse(node.test)}" for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Assert) and always_true(node.test)]
+    return [
+        f"{name}:{node.lineno}: assert {ast.unparse(node.test)}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Assert) and always_true(node.test)
+    ]
 
 
 def test_no_assertion_in_tests_is_true_by_construction():
-    found = [line for path in sorted(TESTS.glob("*.py"))
-             for line in assertions_that_cannot_fail(path.read_text(), path.name)]
+    found = [
+        line for path in sorted(TESTS.glob("*.py")) for line in assertions_that_cannot_fail(path.read_text(), path.name)
+    ]
     assert found == [], "assertions that hold whatever the code does:\n" + "\n".join(found)
 
 
@@ -60,5 +64,10 @@ assert steps and reason
 assert str()
 """
     assert [line.split(": ", 1)[1] for line in assertions_that_cannot_fail(planted, "planted")] == [
-        "assert json.dumps(reason_of(nodes))", "assert f'{steps} steps'", "assert str(value)",
-        "assert (steps, 'why')", "assert count == 1 and [count]", "assert 'a reason'"]
+        "assert json.dumps(reason_of(nodes))",
+        "assert f'{steps} steps'",
+        "assert str(value)",
+        "assert (steps, 'why')",
+        "assert count == 1 and [count]",
+        "assert 'a reason'",
+    ]

@@ -12,17 +12,17 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from PIL import Image
 
-from conftest import REPO
-from cocodet.transforms.augment import Basic, Mosaic
+from cocodet.data.dataset import DetectionDataset
+from cocodet.datamodule import CocoDataModule
 from cocodet.datasets.index import DatasetConfigError, build_index
 from cocodet.errors import BadSampleError
 from cocodet.images.decode import decode_checked
 from cocodet.images.read import load_raw
-from cocodet.datamodule import CocoDataModule
-from cocodet.data.dataset import DetectionDataset
 from cocodet.loader.flat_batch import flatten
+from cocodet.transforms.augment import Basic, Mosaic
 
 N = 8
 
@@ -35,8 +35,11 @@ def make_dataset(coco_tiny: Path, root: Path, n: int = N) -> tuple[Path, dict]:
     (root / "images").mkdir(parents=True)
     for im in images:
         shutil.copy(coco_tiny / "val2017" / im["file_name"], root / "images" / im["file_name"])
-    data = {"images": images, "annotations": [a for a in raw["annotations"] if a["image_id"] in ids],
-            "categories": raw["categories"]}
+    data = {
+        "images": images,
+        "annotations": [a for a in raw["annotations"] if a["image_id"] in ids],
+        "categories": raw["categories"],
+    }
     return root, data
 
 
@@ -90,8 +93,18 @@ def test_bad_sample_raise_names_file_id_reason(kind, ds):
     image_id = data["images"][0]["id"]
     with pytest.raises((BadSampleError, ValueError)) as e:
         index = build_index(root / "images", write(root, data))
-        CocoDataModule(root=str(root), train_images="images", train_ann="ann.json", val_images="images",
-                       val_ann="ann.json", image_size=64, recipe=Basic(64), batch_size=4, seed=0, plan=None).setup()
+        CocoDataModule(
+            root=str(root),
+            train_images="images",
+            train_ann="ann.json",
+            val_images="images",
+            val_ann="ann.json",
+            image_size=64,
+            recipe=Basic(64),
+            batch_size=4,
+            seed=0,
+            plan=None,
+        ).setup()
         DetectionDataset(index, Basic(64), 0, "raise")[0]
     text = str(e.value)
     assert reason in text and str(image_id) in text
@@ -102,14 +115,25 @@ def test_bad_sample_skip_accounts_for_every_sample(kind, ds, tmp_path):
     root, data = ds
     reason = corrupt(kind, root, data)
     ann = write(root, data)
-    from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
     from cocodet.loader.plan.policy import plan_loader
+    from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
     from cocodet.loader.plan.resources import probe
 
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
-    dm = CocoDataModule(root=str(root), train_images="images", train_ann=ann.name, val_images="images",
-                        val_ann=ann.name, image_size=64, recipe=Mosaic(64), batch_size=4, seed=0, plan=plan,
-                        on_bad_sample="skip", run_dir=str(tmp_path))
+    dm = CocoDataModule(
+        root=str(root),
+        train_images="images",
+        train_ann=ann.name,
+        val_images="images",
+        val_ann=ann.name,
+        image_size=64,
+        recipe=Mosaic(64),
+        batch_size=4,
+        seed=0,
+        plan=plan,
+        on_bad_sample="skip",
+        run_dir=str(tmp_path),
+    )
     dm.setup()
     for batch in dm.train_dataloader():  # real workers: records travel with the batches
         dm.bad_samples.record(batch.skipped, batch.images.shape[0], "train", 0)
@@ -166,9 +190,9 @@ def test_boxes_outside_are_clipped_or_dropped_and_degenerate_dropped(ds):
     base = {"image_id": image["id"], "category_id": data["categories"][0]["id"], "iscrowd": 0, "area": 1.0}
     data["annotations"] = [
         {**base, "id": 1, "bbox": [w - 10, h - 10, 50, 50]},  # partly outside -> clipped
-        {**base, "id": 2, "bbox": [w + 5, h + 5, 20, 20]},    # wholly outside -> dropped
-        {**base, "id": 3, "bbox": [5, 5, 0, 10]},             # zero width -> dropped at index
-        {**base, "id": 4, "bbox": [5, 5, 10, -3]},            # negative height -> dropped at index
+        {**base, "id": 2, "bbox": [w + 5, h + 5, 20, 20]},  # wholly outside -> dropped
+        {**base, "id": 3, "bbox": [5, 5, 0, 10]},  # zero width -> dropped at index
+        {**base, "id": 4, "bbox": [5, 5, 10, -3]},  # negative height -> dropped at index
         {**base, "id": 5, "image_id": 424242, "bbox": [1, 1, 5, 5]},  # image id not in images
     ]
     index = build_index(root / "images", write(root, data))
@@ -205,10 +229,24 @@ def test_symlink_out_of_root_is_refused(ds, tmp_path):
 
 def verify_only(root: Path, ann: Path, run_dir: Path) -> subprocess.CompletedProcess:
     """``mode=verify`` on a dataset whose two splits are the same folder and annotation file."""
-    return subprocess.run([sys.executable, str(REPO / "train.py"), "mode=verify", "dataset=coco", f"dataset.root={root}",
-                           "dataset.train_images=images", f"dataset.train_ann={ann.name}", "dataset.val_images=images",
-                           f"dataset.val_ann={ann.name}", f"hydra.run.dir={run_dir}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "mode=verify",
+            "dataset=coco",
+            f"dataset.root={root}",
+            "dataset.train_images=images",
+            f"dataset.train_ann={ann.name}",
+            "dataset.val_images=images",
+            f"dataset.val_ann={ann.name}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_verify_alone_names_the_bad_files_and_trains_nothing(ds, tmp_path):
@@ -227,9 +265,20 @@ def test_verify_alone_names_the_bad_files_and_trains_nothing(ds, tmp_path):
 
 
 def test_verify_alone_passes_a_clean_dataset_without_training(coco_tiny, tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "mode=verify", "dataset=coco",
-                           f"dataset.root={coco_tiny}", f"hydra.run.dir={tmp_path}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "mode=verify",
+            "dataset=coco",
+            f"dataset.root={coco_tiny}",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["problems"] == {"train": 0, "val": 0} and summary["train_images"] == 80, summary

@@ -9,14 +9,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, run_in_process, synthetic_overrides
+
 from cocodet.bench.harness import calibrate_spin, measure, spin
 
 
 def sweep(tmp: Path, root: Path, *overrides: str, prefix: list[str] | None = None) -> dict[tuple, dict]:
-    cmd = [*(prefix or []), sys.executable, str(REPO / "train.py"), "-m", "mode=bench", *synthetic_overrides(root),
-           f"hydra.sweep.dir={tmp}", *overrides]
+    cmd = [
+        *(prefix or []),
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        "mode=bench",
+        *synthetic_overrides(root),
+        f"hydra.sweep.dir={tmp}",
+        *overrides,
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = {}
@@ -51,17 +59,36 @@ def test_spin_is_counted_in_iterations(monkeypatch):
 @pytest.mark.slow
 def test_sweep_report_and_plot(tmp_path, synthetic_root):
     out = tmp_path / "sweep"
-    rows = sweep(out, synthetic_root, "loader.num_workers=0,2", "bench.batches=6", "bench.warmup=1",
-                 "bench.decode_probe=4")
+    rows = sweep(
+        out, synthetic_root, "loader.num_workers=0,2", "bench.batches=6", "bench.warmup=1", "bench.decode_probe=4"
+    )
     assert set(w for _, w in rows) == {0, 2}
     for s in rows.values():
-        for key in ("examples_per_s", "wait_mean_ms", "wait_p50_ms", "wait_p95_ms", "wait_max_ms", "work_mean_ms",
-                    "wait_fraction", "first_batch_s", "batches", "batch_digest", "decode_bound", "num_workers",
-                    "shm_budget_bytes", "stage_ms_per_sample", "peak_rss_mb"):
+        for key in (
+            "examples_per_s",
+            "wait_mean_ms",
+            "wait_p50_ms",
+            "wait_p95_ms",
+            "wait_max_ms",
+            "work_mean_ms",
+            "wait_fraction",
+            "first_batch_s",
+            "batches",
+            "batch_digest",
+            "decode_bound",
+            "num_workers",
+            "shm_budget_bytes",
+            "stage_ms_per_sample",
+            "peak_rss_mb",
+        ):
             assert key in s, key
         assert s["stage_ms_per_sample"]["decode"] > 0
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_report.py"), str(out)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "sweep_report.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert sum(ln.startswith("| ") for ln in proc.stdout.splitlines()) == 3 and "examples_per_s" in proc.stdout
     import cv2
@@ -74,10 +101,20 @@ def test_sweep_report_and_plot(tmp_path, synthetic_root):
 @pytest.mark.serial  # a throughput ratio on one pinned core: nothing else may share it
 def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
     """docs/benchmarks.md's "Where the loop waits" tables, reduced: pinned to one core, 0 vs 4 workers."""
-    rows = sweep(tmp_path / "s", synthetic_root, "bench.producer=sleep,spin", "loader.num_workers=0,4",
-                 "bench.producer_ms=2", "loader.batch_size=32", "bench.consumer=spin", "bench.work_ms=8",
-                 "bench.batches=40", "bench.warmup=12", "loader.persistent_workers=false",
-                 prefix=["taskset", "-c", "0"])
+    rows = sweep(
+        tmp_path / "s",
+        synthetic_root,
+        "bench.producer=sleep,spin",
+        "loader.num_workers=0,4",
+        "bench.producer_ms=2",
+        "loader.batch_size=32",
+        "bench.consumer=spin",
+        "bench.work_ms=8",
+        "bench.batches=40",
+        "bench.warmup=12",
+        "loader.persistent_workers=false",
+        prefix=["taskset", "-c", "0"],
+    )
     sleep0, sleep4 = rows[("sleep", 0)], rows[("sleep", 4)]
     spin0, spin4 = rows[("spin", 0)], rows[("spin", 4)]
     sleep_gain = sleep4["examples_per_s"] / sleep0["examples_per_s"]
@@ -96,9 +133,19 @@ def test_sleep_scales_spin_does_not_on_one_core(tmp_path, synthetic_root):
 def test_worker_rss_reported_per_epoch(tmp_path, synthetic_root, persistent):
     """Workers are found through the loader's own stream (EpochLoader.worker_pids): torch keeps
     its iterator only for persistent workers, so reading that measured nothing without them."""
-    s = run_in_process([*synthetic_overrides(synthetic_root), "mode=bench", "bench.epochs=3", "bench.batches=null",
-                        "loader=explicit", "loader.num_workers=2", "bench.decode_probe=0",
-                        f"loader.persistent_workers={str(persistent).lower()}"], tmp_path / "rss")
+    s = run_in_process(
+        [
+            *synthetic_overrides(synthetic_root),
+            "mode=bench",
+            "bench.epochs=3",
+            "bench.batches=null",
+            "loader=explicit",
+            "loader.num_workers=2",
+            "bench.decode_probe=0",
+            f"loader.persistent_workers={str(persistent).lower()}",
+        ],
+        tmp_path / "rss",
+    )
     assert s["persistent_workers"] is persistent
     assert len(s["epochs"]) == 3 and all(e["worker_rss_mb"] for e in s["epochs"])
     assert "worker_rss_growth" in s and np.isfinite(s["worker_rss_growth"])
@@ -108,8 +155,16 @@ def test_preloaded_batches_bound_the_loader_fed_rate(tmp_path, synthetic_root):
     """bench.preload=true (the upper bound scripts/gpu_check.sh sets the loader against): the
     batches are read first, then the consumer alone is timed; it crashed on its first epoch
     ('list' object has no attribute 'set_epoch') until the GPU check's CPU rehearsal ran it."""
-    common = [*synthetic_overrides(synthetic_root), "mode=bench", "dataset.image_size=64", "loader.batch_size=8",
-              "bench.consumer=model", "model.detector.fpn_channels=64", "bench.batches=3", "bench.warmup=1",
-              "bench.decode_probe=0"]
+    common = [
+        *synthetic_overrides(synthetic_root),
+        "mode=bench",
+        "dataset.image_size=64",
+        "loader.batch_size=8",
+        "bench.consumer=model",
+        "model.detector.fpn_channels=64",
+        "bench.batches=3",
+        "bench.warmup=1",
+        "bench.decode_probe=0",
+    ]
     s = run_in_process([*common, "bench.preload=true"], tmp_path / "preloaded")
     assert s["preloaded"] is True and s["batches"] == 4 and s["examples_per_s"] > 0, s

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from cocodet.transforms.recipe import Letterbox
-from cocodet.datasets.index import build_index
 from cocodet.data.dataset import DetectionDataset
+from cocodet.datasets.index import build_index
 from cocodet.loader.flat_batch import flatten, restore
 from cocodet.models.evaluation import detections_to_coco, evaluate, load_ground_truth, to_original_frame
+from cocodet.transforms.recipe import Letterbox
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +26,11 @@ def test_labels_map_back_to_the_original_category_ids(val, coco_tiny):
     raw = json.loads((coco_tiny / "annotations" / "instances_val2017.json").read_text())
     for k in (0, 17, 79):
         image_id = int(val.image_ids[k])
-        expected = sorted(a["category_id"] for a in raw["annotations"]
-                          if a["image_id"] == image_id and not a["iscrowd"] and a["bbox"][2] > 0 and a["bbox"][3] > 0)
+        expected = sorted(
+            a["category_id"]
+            for a in raw["annotations"]
+            if a["image_id"] == image_id and not a["iscrowd"] and a["bbox"][2] > 0 and a["bbox"][3] > 0
+        )
         assert sorted(val.label_to_category(val.targets(k)[1]).tolist()) == expected
 
 

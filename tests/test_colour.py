@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_in_process
+
 from cocodet.errors import ConfigError
 from cocodet.transforms.augment import Mosaic
 from cocodet.transforms.colour import colour_matrix, jitter_matrix
@@ -58,9 +58,19 @@ def test_both_forms_draw_the_same_numbers():
 
 
 def test_matrix_stream_is_the_same_for_any_worker_count(coco_tiny, tmp_path):
-    args = ["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=128", "loader=explicit",
-            "loader.batch_size=4", "bench.batches=6", "bench.warmup=0", "bench.digest_batches=6",
-            "bench.decode_probe=0", "augment.colour=matrix"]
+    args = [
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "dataset.image_size=128",
+        "loader=explicit",
+        "loader.batch_size=4",
+        "bench.batches=6",
+        "bench.warmup=0",
+        "bench.digest_batches=6",
+        "bench.decode_probe=0",
+        "augment.colour=matrix",
+    ]
     digests = {w: run_in_process([*args, f"loader.num_workers={w}"], tmp_path / f"w{w}") for w in (0, 2)}
     hsv = run_in_process([*args, "loader.num_workers=0", "augment.colour=hsv"], tmp_path / "hsv")
     assert digests[0]["batch_digest"] == digests[2]["batch_digest"]
@@ -70,8 +80,9 @@ def test_matrix_stream_is_the_same_for_any_worker_count(coco_tiny, tmp_path):
     assert stages["colour"] > 0 and stages["augment"] == pytest.approx(stages["geometry"] + stages["colour"], abs=2e-3)
 
 
-@pytest.mark.parametrize("key, value", [("colour", "rgb"), ("saturation", (1.3, 0.7)), ("value", (-0.1, 1.0)),
-                                        ("hue_deg", 200)])
+@pytest.mark.parametrize(
+    "key, value", [("colour", "rgb"), ("saturation", (1.3, 0.7)), ("value", (-0.1, 1.0)), ("hue_deg", 200)]
+)
 def test_out_of_rule_colour_keys_are_refused(key, value):
     with pytest.raises(ConfigError, match=f"augment.{key}="):
         Mosaic(64, **{key: value})

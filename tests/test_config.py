@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-
 import pytest
+from conftest import REPO, run_train
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from conftest import REPO, run_train
-
 CONF = REPO / "conf"
-GROUPS = ["dataset", "loader", "augment", "model", "trainer", "experiment", "debug", "bench", "callbacks", "logger",
-          "preview"]
+GROUPS = [
+    "dataset",
+    "loader",
+    "augment",
+    "model",
+    "trainer",
+    "experiment",
+    "debug",
+    "bench",
+    "callbacks",
+    "logger",
+    "preview",
+]
 
 
 def options(group: str) -> list[str]:
@@ -43,7 +52,7 @@ def test_readme_lists_exactly_the_options_of_each_group():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] if line.startswith("| `") else []
         if len(cells) == 3:
             for group in re.findall(r"`(\w+)`", cells[0]):
-                    table.setdefault(group, set()).update(re.findall(r"`(\w+)`", cells[1]))  # a group may take two rows
+                table.setdefault(group, set()).update(re.findall(r"`(\w+)`", cells[1]))  # a group may take two rows
     for group in ["dataset", "loader", "augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]:
         named = {o for o in table[group] if (CONF / group / f"{o}.yaml").is_file()}
         assert named == set(options(group)), (group, sorted(named), options(group))
@@ -91,8 +100,18 @@ def test_the_dataset_keys_are_the_datamodules_and_the_split_loaders_arguments():
     from cocodet.datasets.splits import SOURCE_KEYS, SplitLoader
     from cocodet.schema import DATASET_KEYS
 
-    runtime = {"self", "recipe", "batch_size", "seed", "plan", "val_batch_size", "run_dir", "replanner",
-               "group_aspect_ratio", "dataset"}
+    runtime = {
+        "self",
+        "recipe",
+        "batch_size",
+        "seed",
+        "plan",
+        "val_batch_size",
+        "run_dir",
+        "replanner",
+        "group_aspect_ratio",
+        "dataset",
+    }
     arguments = set(inspect.signature(CocoDataModule.__init__).parameters) - runtime
     loader = set(inspect.signature(SplitLoader.__init__).parameters) - {"self", "layout_options"}
     assert loader == set(SOURCE_KEYS)

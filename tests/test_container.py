@@ -10,15 +10,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import NARROW_MODEL, REPO, run_in_process, synthetic_overrides
 
 JOB = REPO / "deploy" / "k8s" / "job.yaml"
 
 
 def tiny(root) -> list[str]:
-    return [*synthetic_overrides(root), "dataset.image_size=64", "loader.batch_size=16", NARROW_MODEL,
-            "trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "logger=none"]
+    return [
+        *synthetic_overrides(root),
+        "dataset.image_size=64",
+        "loader.batch_size=16",
+        NARROW_MODEL,
+        "trainer.limit_train_batches=1",
+        "trainer.limit_val_batches=1",
+        "logger=none",
+    ]
 
 
 def test_last_if_any_starts_fresh_then_resumes_and_never_takes_another_run(tmp_path, synthetic_root, caplog):
@@ -75,8 +81,9 @@ def kubernetes_validate(path) -> subprocess.CompletedProcess:
 
 
 # Kubernetes' own kinds (JobSet's fields: tests/test_k8s_multinode.py, against its API's schema)
-@pytest.mark.parametrize("manifest", sorted(p.name for p in (REPO / "deploy" / "k8s").glob("*.yaml")
-                                            if "kind: JobSet" not in p.read_text()))
+@pytest.mark.parametrize(
+    "manifest", sorted(p.name for p in (REPO / "deploy" / "k8s").glob("*.yaml") if "kind: JobSet" not in p.read_text())
+)
 def test_kubernetes_manifests_validate_offline(manifest):
     proc = kubernetes_validate(REPO / "deploy" / "k8s" / manifest)
     assert proc.returncode == 0 and "passed" in proc.stdout, proc.stdout + proc.stderr

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import NARROW_MODEL, REPO, run_train
-from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
-from cocodet.loader.plan.policy import plan_loader
-from cocodet.models.validation import merge_rank_detections
 from test_policy import host
+
+from cocodet.loader.plan.policy import plan_loader
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+from cocodet.models.validation import merge_rank_detections
 
 DROPPED_IMAGES = 1  # 79 of coco_tiny's 80 per split: an odd count, so 2 ranks need one padded repeat
 
@@ -42,8 +42,16 @@ def coco79(coco_tiny, tmp_path_factory) -> Path:
 
 
 def args(root: Path, *extra: str) -> list[str]:
-    return ["dataset=coco", f"dataset.root={root}", "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL,
-            "trainer.max_epochs=1", "trainer.enable_progress_bar=false", *extra]
+    return [
+        "dataset=coco",
+        f"dataset.root={root}",
+        "dataset.image_size=64",
+        "loader.batch_size=8",
+        NARROW_MODEL,
+        "trainer.max_epochs=1",
+        "trainer.enable_progress_bar=false",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +61,17 @@ def two_ranks(coco79, tmp_path_factory) -> dict[int, tuple]:
     runs = {}
     for w in (0, 2):
         tracked = ["logger=mlflow"] if w == 0 else []  # rank 0 alone talks to MLflow (design §16)
-        proc, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", f"loader.num_workers={w}", *tracked),
-                            base / f"w{w}", timeout=900, env={"MLFLOW_TRACKING_URI": f"sqlite:///{base}/mlflow.db"})
+        proc, s = run_train(
+            args(coco79, "trainer=ddp_cpu", "loader=explicit", f"loader.num_workers={w}", *tracked),
+            base / f"w{w}",
+            timeout=900,
+            env={"MLFLOW_TRACKING_URI": f"sqlite:///{base}/mlflow.db"},
+        )
         runs[w] = (proc, s, base / f"w{w}")
     yield runs
-    shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
+    shutil.rmtree(
+        base, ignore_errors=True
+    )  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
 
 
 @pytest.mark.slow
@@ -80,20 +94,36 @@ def test_grouped_batches_end_the_epoch_on_both_ranks_each_image_once(coco79, tmp
     same steps (a rank with one step more would hang at the next collective) and every train
     image is taken; the repeats are exactly the padding batches' images."""
     import numpy as np
+
     from cocodet.datasets.index import build_index
     from cocodet.loader.grouped_sampler import GroupedEpochSampler
 
-    _, s = run_train(args(coco79, "trainer=ddp_cpu", "loader=explicit", "loader.num_workers=0", "augment=hflip",
-                          "+model.detector.min_size=64", "+model.detector.max_size=96", "loader.group_aspect_ratio=3",
-                          "trainer.limit_val_batches=1"), tmp_path / "run", timeout=900)
-    index = build_index(coco79 / "train2017", coco79 / "annotations" / "instances_train2017.json",
-                        keep_empty="reference")
+    _, s = run_train(
+        args(
+            coco79,
+            "trainer=ddp_cpu",
+            "loader=explicit",
+            "loader.num_workers=0",
+            "augment=hflip",
+            "+model.detector.min_size=64",
+            "+model.detector.max_size=96",
+            "loader.group_aspect_ratio=3",
+            "trainer.limit_val_batches=1",
+        ),
+        tmp_path / "run",
+        timeout=900,
+    )
+    index = build_index(
+        coco79 / "train2017", coco79 / "annotations" / "instances_train2017.json", keep_empty="reference"
+    )
     ranks = [GroupedEpochSampler(np.asarray(index.sizes), 8, 3, seed=0, rank=r, world_size=2) for r in (0, 1)]
     ddp = s["ddp"]
     assert s["status"] == "completed" and s["plan"]["group_aspect_ratio"] == 3
     assert s["steps"] == ranks[0].rank_batches == ranks[1].rank_batches
     assert ddp["train_images"] == len(index) and ddp["train_unique"] == len(index)
-    assert ddp["train_consumed"] == len(ranks[0]) + len(ranks[1]) and ddp["train_padded"] == ddp["train_consumed"] - len(index)
+    assert ddp["train_consumed"] == len(ranks[0]) + len(ranks[1]) and ddp["train_padded"] == ddp[
+        "train_consumed"
+    ] - len(index)
     assert len(ddp["stream_digests"]) == 2
 
 
@@ -108,10 +138,16 @@ def test_rank_zero_alone_writes_and_prints_the_summary(two_ranks):
     for rank in (0, 1):
         assert f"loader plan for rank {rank} (local rank {rank} of 2 on this host, node 0)" in out
         # The one rank reader (cocodet.ranks) answered as the trainer did, on both ranks.
-        assert (f"rank reader (lightning): rank {rank} of 2, local rank {rank} of 2; trainer: rank {rank} of 2: "
-                "they agree") in out
-    assert s["ranks"] == {"launcher": "lightning", "global_rank": 0, "world_size": 2, "local_world_size": 2,
-                          "agrees_with_trainer": True}
+        assert (
+            f"rank reader (lightning): rank {rank} of 2, local rank {rank} of 2; trainer: rank {rank} of 2: they agree"
+        ) in out
+    assert s["ranks"] == {
+        "launcher": "lightning",
+        "global_rank": 0,
+        "world_size": 2,
+        "local_world_size": 2,
+        "agrees_with_trainer": True,
+    }
     assert "CPUs: host / per rank" in out and "/dev/shm: host free / rank budget" in out
     assert (run_dir / "train_ddp_process_1.log").is_file()
     # COCOeval ran once per validation, on rank 0.
@@ -153,10 +189,22 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_two_nodes_on_localhost_through_lightnings_environment_variables(coco79, two_ranks, tmp_path):
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    cmd = [sys.executable, str(REPO / "train.py"),
-           *args(coco79, "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2")]
-    nodes = [subprocess.Popen([*cmd, f"hydra.run.dir={tmp_path / f'node{n}'}"], cwd=REPO, env={**env, "NODE_RANK": str(n)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in (1, 0)]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *args(coco79, "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2"),
+    ]
+    nodes = [
+        subprocess.Popen(
+            [*cmd, f"hydra.run.dir={tmp_path / f'node{n}'}"],
+            cwd=REPO,
+            env={**env, "NODE_RANK": str(n)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for n in (1, 0)
+    ]
     outs = [p.communicate(timeout=900)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs[1][-3000:] + outs[0][-3000:]
     s = json.loads(outs[1].strip().splitlines()[-1])  # node 0 holds rank 0
@@ -176,8 +224,9 @@ def test_padded_repeats_are_merged_once_lowest_rank_first():
 
 def test_local_ranks_share_the_hosts_cpus_shm_and_memory():
     one = plan_loader(LoaderRequest("auto"), BatchGeometry(64, 10 << 20), host(), cuda=True)
-    eight = plan_loader(LoaderRequest("auto"), BatchGeometry(64, 10 << 20), host(local_world_size=8, usable_cpus=1),
-                        cuda=True)
+    eight = plan_loader(
+        LoaderRequest("auto"), BatchGeometry(64, 10 << 20), host(local_world_size=8, usable_cpus=1), cuda=True
+    )
     assert eight.local_ranks == 8 and eight.host_cpus == one.host_cpus
     assert eight.shm_budget_bytes == one.shm_budget_bytes // 8
     memory = next(c for c in eight.caps if c.name == "memory")
@@ -190,9 +239,21 @@ def test_torchrun_launches_the_same_two_ranks(coco79, two_ranks, tmp_path):
     """torchrun starts the processes (Lightning's TorchElasticEnvironment); every rank is given
     the same run dir, and rank 0 prints the one summary."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(REPO / "train.py"),
-                           *args(coco79, "trainer=ddp_cpu"), f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(REPO / "train.py"),
+            *args(coco79, "trainer=ddp_cpu"),
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     s = json.loads(line)
@@ -200,18 +261,41 @@ def test_torchrun_launches_the_same_two_ranks(coco79, two_ranks, tmp_path):
     assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
     assert "loader plan for rank 1 (local rank 1 of 2 on this host, node 0)" in proc.stdout + proc.stderr
     for rank in (0, 1):
-        assert (f"rank reader (torchelastic): rank {rank} of 2, local rank {rank} of 2; trainer: rank {rank} of 2: "
-                "they agree") in proc.stdout + proc.stderr
+        assert (
+            f"rank reader (torchelastic): rank {rank} of 2, local rank {rank} of 2; trainer: rank {rank} of 2: "
+            "they agree"
+        ) in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env,label,ranks", [
-    ({"SLURM_NTASKS": "6", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS_PER_NODE": "2"},
-     "loader plan for rank 5 (local rank 1 of 2 on this host, node 2)", 2),
-    ({"TORCHELASTIC_RUN_ID": "r", "RANK": "3", "LOCAL_RANK": "3", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4",
-      "WORLD_SIZE": "4"},
-     "loader plan for rank 3 (local rank 3 of 4 on this host, node 0)", 4),
-])
+@pytest.mark.parametrize(
+    "env,label,ranks",
+    [
+        (
+            {
+                "SLURM_NTASKS": "6",
+                "SLURM_PROCID": "5",
+                "SLURM_LOCALID": "1",
+                "SLURM_NODEID": "2",
+                "SLURM_NTASKS_PER_NODE": "2",
+            },
+            "loader plan for rank 5 (local rank 1 of 2 on this host, node 2)",
+            2,
+        ),
+        (
+            {
+                "TORCHELASTIC_RUN_ID": "r",
+                "RANK": "3",
+                "LOCAL_RANK": "3",
+                "GROUP_RANK": "0",
+                "LOCAL_WORLD_SIZE": "4",
+                "WORLD_SIZE": "4",
+            },
+            "loader plan for rank 3 (local rank 3 of 4 on this host, node 0)",
+            4,
+        ),
+    ],
+)
 def test_a_launchers_rank_variables_reach_the_plan(env, label, ranks, synthetic_root, tmp_path):
     from conftest import synthetic_overrides
 
@@ -219,7 +303,9 @@ def test_a_launchers_rank_variables_reach_the_plan(env, label, ranks, synthetic_
     out = proc.stdout + proc.stderr
     assert label in out
     host_cpus, per_rank = map(int, re.search(r"CPUs: host / per rank\s+(\d+) / (\d+)", out).groups())
-    assert per_rank == max(1, host_cpus // ranks) and re.search(rf"local ranks on this host\s+{ranks} \(ranks read from ", out)
+    assert per_rank == max(1, host_cpus // ranks) and re.search(
+        rf"local ranks on this host\s+{ranks} \(ranks read from ", out
+    )
     assert s is None and not (tmp_path / "plan" / "summary.json").exists()  # not rank 0: no summary
 
 
@@ -233,26 +319,52 @@ EVERY_N_STEPS = 2  # resume points at steps 2 and 4 of the 5-step epoch
 
 def node_overrides(root: Path, *extra: str) -> list[str]:
     """two_ranks' run (0 workers) as two nodes of one process each."""
-    return args(root, "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2", "loader=explicit",
-                "loader.num_workers=0", f"checkpoint.every_n_steps={EVERY_N_STEPS}", *extra)
+    return args(
+        root,
+        "trainer=ddp_cpu",
+        "trainer.devices=1",
+        "trainer.num_nodes=2",
+        "loader=explicit",
+        "loader.num_workers=0",
+        f"checkpoint.every_n_steps={EVERY_N_STEPS}",
+        *extra,
+    )
 
 
-def start_agent(node: int, port: int, run_id: str, overrides: list[str], cwd: Path,
-                env: dict | None = None) -> subprocess.Popen:
+def start_agent(
+    node: int, port: int, run_id: str, overrides: list[str], cwd: Path, env: dict | None = None
+) -> subprocess.Popen:
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), *TORCHRUN_FLAGS, f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-           f"--rdzv-conf=is_host={str(node == 0).lower()}", str(REPO / "train.py"), *overrides]
+    cmd = [
+        str(torchrun),
+        *TORCHRUN_FLAGS,
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf=is_host={str(node == 0).lower()}",
+        str(REPO / "train.py"),
+        *overrides,
+    ]
     path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "COCODET_TEST_NODE": str(node),
-           **(env or {})}  # OMP: 2 ranks, 2 cores
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": path,
+        "COCODET_TEST_NODE": str(node),
+        **(env or {}),
+    }  # OMP: 2 ranks, 2 cores
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def kill_once(step: int, marker: Path, when: str = "end", agent: bool = False) -> list[str]:
     """Node 1's trainer (and its workers; ``agent``: its torchrun agent too) SIGKILLed at ``step``, once."""
-    return ["+callbacks.kill._target_=signal_at_step.KillNodeOnceAtStep", f"+callbacks.kill.step={step}",
-            "+callbacks.kill.node=1", f"+callbacks.kill.marker={marker}", f"+callbacks.kill.when={when}",
-            f"+callbacks.kill.agent={agent}"]
+    return [
+        "+callbacks.kill._target_=signal_at_step.KillNodeOnceAtStep",
+        f"+callbacks.kill.step={step}",
+        "+callbacks.kill.node=1",
+        f"+callbacks.kill.marker={marker}",
+        f"+callbacks.kill.when={when}",
+        f"+callbacks.kill.agent={agent}",
+    ]
 
 
 def summary_of(out: str) -> dict | None:
@@ -267,17 +379,25 @@ def the_summary(outs: list[str]) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("step,when,workers,redone", [
-    (2, "end", 0, 0),    # just after the resume point of step 2 was written
-    (3, "start", 2, 1),  # mid-step, before the resume point of step 4, its loader workers killed with it
-], ids=["after_a_resume_point", "mid_step_with_workers"])
-def test_a_node_lost_mid_epoch_resumes_by_itself_and_keeps_the_stream(coco79, two_ranks, tmp_path, step, when,
-                                                                      workers, redone):
+@pytest.mark.parametrize(
+    "step,when,workers,redone",
+    [
+        (2, "end", 0, 0),  # just after the resume point of step 2 was written
+        (3, "start", 2, 1),  # mid-step, before the resume point of step 4, its loader workers killed with it
+    ],
+    ids=["after_a_resume_point", "mid_step_with_workers"],
+)
+def test_a_node_lost_mid_epoch_resumes_by_itself_and_keeps_the_stream(
+    coco79, two_ranks, tmp_path, step, when, workers, redone
+):
     """torchrun --max-restarts restarts the group; the new attempt meets on a store of its own
     (the agents' one holds the dead attempt's keys), rank 0 picks the newest resume point, and
     the run ends with the Lightning launcher's streams, its records in one folder each. (A node
     lost at the end of step 3, before the resume point of step 4, is the replaced agent's test.)"""
-    port, overrides = free_port(), node_overrides(coco79, f"loader.num_workers={workers}", *kill_once(step, tmp_path / "k", when))
+    port, overrides = (
+        free_port(),
+        node_overrides(coco79, f"loader.num_workers={workers}", *kill_once(step, tmp_path / "k", when)),
+    )
     if redone:
         overrides.append("logger=mlflow")
     mlflow = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
@@ -300,11 +420,14 @@ def assert_one_resumed_run(outs: list[str], run_dir: Path, two_ranks: dict, redo
     assert s["status"] == "completed" and s["steps"] == 5
     assert s["attempts"] == {"count": 2, "restarts": 1, "steps_redone": redone, "resumed_steps": [0, 2]}
     assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
-    assert re.search(rf"ckpt_path=last_if_any: resuming \S+/outputs/torchrun/{run_dir.name}/checkpoints/resume.ckpt",
-                     "".join(outs))
+    assert re.search(
+        rf"ckpt_path=last_if_any: resuming \S+/outputs/torchrun/{run_dir.name}/checkpoints/resume.ckpt", "".join(outs)
+    )
     for rank in (0, 1):  # each node's plan says where its ranks came from
-        assert re.search(rf"local ranks on this host +1 \(ranks read from torchelastic \(rank {rank} of 2, node {rank}\)\)",
-                         "".join(outs))
+        assert re.search(
+            rf"local ranks on this host +1 \(ranks read from torchelastic \(rank {rank} of 2, node {rank}\)\)",
+            "".join(outs),
+        )
     assert [p.name for p in (run_dir / "csv").iterdir()] == ["version_0"]  # one run's records, not one per attempt
     assert [p.name for p in (run_dir / "tensorboard").iterdir()] == ["version_0"]
     return s
@@ -344,17 +467,26 @@ def test_sigterm_to_every_node_still_ends_preempted_with_a_resume_point(coco79, 
     the end of batch 3, the first batch end after both heard it, and each rank's own record says
     in which batch it heard it."""
     port, record = free_port(), tmp_path / "record"
-    overrides = node_overrides(coco79, "checkpoint.every_n_steps=0",
-                               "+callbacks.record._target_=signal_at_step.SigtermRecord", f"+callbacks.record.path={record}",
-                               f"+callbacks.record.hold={{node1:[end,{HEARD[1]}],node0:[start,{HEARD[0]}]}}")
+    overrides = node_overrides(
+        coco79,
+        "checkpoint.every_n_steps=0",
+        "+callbacks.record._target_=signal_at_step.SigtermRecord",
+        f"+callbacks.record.path={record}",
+        f"+callbacks.record.hold={{node1:[end,{HEARD[1]}],node0:[start,{HEARD[0]}]}}",
+    )
     agents = [start_agent(n, port, "preempted", overrides, tmp_path) for n in (0, 1)]
     deadline = time.monotonic() + 300
     for node in (1, 0):  # a cluster's preemption: every pod, each told at its own moment
-        while (not any("holding" in r for r in records(record, node)) and time.monotonic() < deadline
-               and all(a.poll() is None for a in agents)):
+        while (
+            not any("holding" in r for r in records(record, node))
+            and time.monotonic() < deadline
+            and all(a.poll() is None for a in agents)
+        ):
             time.sleep(0.05)
-        assert {"holding": HEARD[node], "hook": "end" if node else "start"} in records(record, node), \
-            (records(record, 0), records(record, 1))
+        assert {"holding": HEARD[node], "hook": "end" if node else "start"} in records(record, node), (
+            records(record, 0),
+            records(record, 1),
+        )
         agents[node].send_signal(signal.SIGTERM)
     outs = [a.communicate(timeout=300)[0] for a in agents]
     summaries = [s for s in map(summary_of, outs) if s is not None]
@@ -373,10 +505,24 @@ def test_sigterm_to_every_node_still_ends_preempted_with_a_resume_point(coco79, 
 def test_a_multi_node_launch_without_one_run_folder_is_refused_in_one_line(tmp_path):
     """torchrun's default rendezvous id ("none") names no run: two nodes would compose two
     ${now} folders, and a restart a third."""
-    env = {**os.environ, "TORCHELASTIC_RUN_ID": "none", "RANK": "1", "LOCAL_RANK": "0", "GROUP_RANK": "1",
-           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_MAX_RESTARTS": "0"}
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "trainer=ddp_cpu", "trainer.devices=1",
-                           "trainer.num_nodes=2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "TORCHELASTIC_RUN_ID": "none",
+        "RANK": "1",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "1",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     [line] = proc.stderr.strip().splitlines()[-1:]
     assert line.startswith("error: this torchelastic launch (2 ranks on 2 nodes) has no run folder")

@@ -20,7 +20,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import REPO
 
 DEADLINE_S = 10
@@ -149,8 +148,22 @@ def test_the_copy_budget_survives_a_worker_killed_while_reserving(tmp_path, meth
 
 # multiprocessing's primitives that carry a lock (a semaphore a SIGKILLed holder keeps);
 # Value and Array carry one unless created with lock=False.
-LOCK_CARRYING = {"Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier", "Queue",
-                 "JoinableQueue", "SimpleQueue", "Manager", "Value", "Array", "Pool"}
+LOCK_CARRYING = {
+    "Lock",
+    "RLock",
+    "Semaphore",
+    "BoundedSemaphore",
+    "Condition",
+    "Event",
+    "Barrier",
+    "Queue",
+    "JoinableQueue",
+    "SimpleQueue",
+    "Manager",
+    "Value",
+    "Array",
+    "Pool",
+}
 # The ones cocodet creates on purpose, by the function that creates them, each with what handles
 # a holder's death. torch's own (the DataLoader's index and result queues, its done event, its
 # pin-memory thread's queue) are torch's: its watchdog notices a dead worker (SIGCHLD, the
@@ -158,7 +171,7 @@ LOCK_CARRYING = {"Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", 
 # died holding the done event's lock.
 ALLOWED = {
     ("shut_down_workers", "Event"): "a fresh done event set by the shutdown itself after a worker died: no worker "
-                                    "is left to take its lock",
+    "is left to take its lock"
 }
 
 
@@ -168,9 +181,13 @@ def lock_carrying_primitives() -> list[tuple[str, str, str]]:
     found = []
     for path in sorted((REPO / "src" / "cocodet").rglob("*.py")):
         tree = ast.parse(path.read_text())
-        imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                    and (node.module or "").startswith("multiprocessing") for alias in node.names
-                    if alias.name in LOCK_CARRYING}
+        imported = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("multiprocessing")
+            for alias in node.names
+            if alias.name in LOCK_CARRYING
+        }
         functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
@@ -183,8 +200,9 @@ def lock_carrying_primitives() -> list[tuple[str, str, str]]:
                 from_multiprocessing = name in imported
             if not from_multiprocessing or name not in LOCK_CARRYING:
                 continue
-            if name in ("Value", "Array") and any(k.arg == "lock" and isinstance(k.value, ast.Constant)
-                                                  and k.value.value is False for k in node.keywords):
+            if name in ("Value", "Array") and any(
+                k.arg == "lock" and isinstance(k.value, ast.Constant) and k.value.value is False for k in node.keywords
+            ):
                 continue
             inside = [f.name for f in functions if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)]
             found.append((str(path.relative_to(REPO)), inside[-1] if inside else "<module>", name))
@@ -193,9 +211,11 @@ def lock_carrying_primitives() -> list[tuple[str, str, str]]:
 
 def test_no_lock_a_dead_process_can_keep_is_created_outside_the_list():
     unlisted = [(f, fn, name) for f, fn, name in lock_carrying_primitives() if (fn, name) not in ALLOWED]
-    assert unlisted == [], ("multiprocessing primitives with a lock that a SIGKILLed holder keeps forever; use "
-                            "storage/claims.py's SharedLock with lock=False shared memory, or list it in ALLOWED "
-                            f"with what handles its holder's death: {unlisted}")
+    assert unlisted == [], (
+        "multiprocessing primitives with a lock that a SIGKILLed holder keeps forever; use "
+        "storage/claims.py's SharedLock with lock=False shared memory, or list it in ALLOWED "
+        f"with what handles its holder's death: {unlisted}"
+    )
 
 
 def test_the_scan_finds_what_it_is_for(tmp_path, monkeypatch):
@@ -209,10 +229,14 @@ def test_the_scan_finds_what_it_is_for(tmp_path, monkeypatch):
         "def a():\n    return multiprocessing.Value('d', 0.0)\n"
         "def b():\n    return multiprocessing.Array('d', 3, lock=False)\n"
         "def c():\n    return Lock()\n"
-        "def d():\n    return multiprocessing.get_context('fork').Event()\n")
+        "def d():\n    return multiprocessing.get_context('fork').Event()\n"
+    )
     monkeypatch.setattr(scan, "REPO", fake)
     assert [(fn, name) for _, fn, name in scan.lock_carrying_primitives()] == [
-        ("a", "Value"), ("c", "Lock"), ("d", "Event")]
+        ("a", "Value"),
+        ("c", "Lock"),
+        ("d", "Event"),
+    ]
 
 
 class KilledWhileCounting(tuple):
@@ -239,6 +263,7 @@ def test_a_bucket_bench_whose_worker_dies_inside_the_counters_lock_ends_named(co
     semaphore: a hang until loader.timeout, then a shutdown that never returned)."""
     from conftest import run_in_process
     from moto_store import filled_store
+
     from cocodet.loader.failures.diagnose import LoaderFailure
     from cocodet.storage import session
 
@@ -247,10 +272,22 @@ def test_a_bucket_bench_whose_worker_dies_inside_the_counters_lock_ends_named(co
     started = time.monotonic()
     with filled_store(coco_tiny, "dead-holder") as (endpoint, _):
         with pytest.raises(LoaderFailure, match=r"worker \d+ ended by SIGKILL") as failed:
-            run_in_process(["mode=bench", "dataset=coco", "dataset.root=s3://dead-holder",
-                            f"dataset.storage_options.endpoint_url={endpoint}", "dataset.image_size=128",
-                            "loader=explicit", "loader.num_workers=2", "loader.batch_size=4", "bench.batches=12",
-                            "bench.warmup=0", "bench.decode_probe=0"], tmp_path / "bench")
+            run_in_process(
+                [
+                    "mode=bench",
+                    "dataset=coco",
+                    "dataset.root=s3://dead-holder",
+                    f"dataset.storage_options.endpoint_url={endpoint}",
+                    "dataset.image_size=128",
+                    "loader=explicit",
+                    "loader.num_workers=2",
+                    "loader.batch_size=4",
+                    "bench.batches=12",
+                    "bench.warmup=0",
+                    "bench.decode_probe=0",
+                ],
+                tmp_path / "bench",
+            )
         # The error's frames hold the loader's iterator: let it go here, not in a later garbage
         # collection that torch's iterator finaliser (its workers already ended) would disturb.
         del failed

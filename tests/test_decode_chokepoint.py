@@ -8,7 +8,6 @@ import ast
 import textwrap
 
 import pytest
-
 from src_scan import ScopedFinder, calls_in, calls_in_src
 
 # function (module.qualname) -> why it may decode
@@ -16,14 +15,26 @@ ALLOWED = {
     "cocodet.images.decode._imdecode": "the one decode; reached only through decode_checked",
     "cocodet.images.header._pil_size": "PIL's lazy open reads the header only",
     "cocodet.datasets.yolo_headers.image_header": "PIL's lazy open of the bytes read_bytes gave: a YOLO image's size "
-                                                   "and EXIF orientation",
+    "and EXIF orientation",
     "cocodet.bench.common_way.CommonWayDataset._raw": "the PIL baseline; check_header first",
     "cocodet.inference.standalone_predict.read_image": "cannot import cocodet; its own header check first",
     "cocodet.inference.standalone_predict.header_size": "PIL's lazy open reads the header only",
 }
-DECODERS = {"cv2.imdecode", "cv2.imread", "cv2.imreadmulti", "cv2.imdecodemulti", "cv2.imreadanimation",
-            "cv2.imdecodeanimation", "cv2.imcount", "PIL.Image.open", "torchvision.io.read_image",
-            "torchvision.io.image.read_image", "skimage.io.imread", "imageio.imread", "imageio.v3.imread"}
+DECODERS = {
+    "cv2.imdecode",
+    "cv2.imread",
+    "cv2.imreadmulti",
+    "cv2.imdecodemulti",
+    "cv2.imreadanimation",
+    "cv2.imdecodeanimation",
+    "cv2.imcount",
+    "PIL.Image.open",
+    "torchvision.io.read_image",
+    "torchvision.io.image.read_image",
+    "skimage.io.imread",
+    "imageio.imread",
+    "imageio.v3.imread",
+}
 
 
 def is_decoder(name: str) -> bool:
@@ -73,8 +84,10 @@ def all_decodes() -> dict[str, list[tuple[str, int]]]:
 
 def test_every_decode_in_src_is_in_an_allowed_function():
     outside = {f: calls for f, calls in all_decodes().items() if f not in ALLOWED}
-    assert not outside, (f"decoding calls outside the guarded decode: {outside}; call "
-                         "cocodet.images.decode.decode_checked (it checks the header first)")
+    assert not outside, (
+        f"decoding calls outside the guarded decode: {outside}; call "
+        "cocodet.images.decode.decode_checked (it checks the header first)"
+    )
 
 
 def test_every_allowed_function_still_decodes():
@@ -83,18 +96,27 @@ def test_every_allowed_function_still_decodes():
     assert set(all_decodes()) >= set(ALLOWED), set(ALLOWED) - set(all_decodes())
 
 
-@pytest.mark.parametrize("source,expect", [
-    ("import cv2\ndef f(d):\n    return cv2.imdecode(d, 1)", [("f", "cv2.imdecode")]),
-    ("import cv2 as c\nclass A:\n    def g(self, p):\n        return c.imread(p)", [("A.g", "cv2.imread")]),
-    ("from cv2 import imdecode as dec\ndef f(d):\n    return dec(d, 1)", [("f", "cv2.imdecode")]),
-    ("def f(p):\n    from PIL import Image\n    return Image.open(p)", [("f", "PIL.Image.open")]),
-    ("import PIL.Image\ndef f(p):\n    return PIL.Image.open(p)", [("f", "PIL.Image.open")]),
-    ("from PIL.Image import open as pil_open\ndef f(p):\n    return pil_open(p)", [("f", "PIL.Image.open")]),
-    ("import torchvision\ndef f(t):\n    return torchvision.io.decode_jpeg(t)", [("f", "torchvision.io.decode_jpeg")]),
-    ("from torchvision.io import read_image\ndef f(p):\n    return read_image(p)", [("f", "torchvision.io.read_image")]),
-    ("from torchvision import io\ndef f(t):\n    return io.decode_png(t)", [("f", "torchvision.io.decode_png")]),
-    ("import cv2\ndef f(d):\n    return cv2.imencode('.png', d)", []),
-    ("def open(p):\n    return p\ndef f(p):\n    return open(p)", []),
-])
+@pytest.mark.parametrize(
+    "source,expect",
+    [
+        ("import cv2\ndef f(d):\n    return cv2.imdecode(d, 1)", [("f", "cv2.imdecode")]),
+        ("import cv2 as c\nclass A:\n    def g(self, p):\n        return c.imread(p)", [("A.g", "cv2.imread")]),
+        ("from cv2 import imdecode as dec\ndef f(d):\n    return dec(d, 1)", [("f", "cv2.imdecode")]),
+        ("def f(p):\n    from PIL import Image\n    return Image.open(p)", [("f", "PIL.Image.open")]),
+        ("import PIL.Image\ndef f(p):\n    return PIL.Image.open(p)", [("f", "PIL.Image.open")]),
+        ("from PIL.Image import open as pil_open\ndef f(p):\n    return pil_open(p)", [("f", "PIL.Image.open")]),
+        (
+            "import torchvision\ndef f(t):\n    return torchvision.io.decode_jpeg(t)",
+            [("f", "torchvision.io.decode_jpeg")],
+        ),
+        (
+            "from torchvision.io import read_image\ndef f(p):\n    return read_image(p)",
+            [("f", "torchvision.io.read_image")],
+        ),
+        ("from torchvision import io\ndef f(t):\n    return io.decode_png(t)", [("f", "torchvision.io.decode_png")]),
+        ("import cv2\ndef f(d):\n    return cv2.imencode('.png', d)", []),
+        ("def open(p):\n    return p\ndef f(p):\n    return open(p)", []),
+    ],
+)
 def test_the_scan_finds_a_decode_in_any_spelling(source, expect):
     assert [(w, n) for w, n, _ in decodes_in(textwrap.dedent(source))] == expect

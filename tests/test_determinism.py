@@ -7,24 +7,35 @@ import hashlib
 import cv2
 import numpy as np
 import pytest
+from conftest import run_in_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import run_in_process
-from cocodet.transforms.augment import Basic, Mosaic
 from cocodet.loader.flat_batch import update_digest
+from cocodet.transforms.augment import Basic, Mosaic
 
 
 def bench_args(coco_tiny, *extra):
-    return ["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=192",
-            "loader.batch_size=4", "bench.batches=20", "bench.warmup=0", "bench.digest_batches=20",
-            "bench.decode_probe=0", *extra]
+    return [
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "dataset.image_size=192",
+        "loader.batch_size=4",
+        "bench.batches=20",
+        "bench.warmup=0",
+        "bench.digest_batches=20",
+        "bench.decode_probe=0",
+        *extra,
+    ]
 
 
 def test_batch_digest_is_independent_of_workers_runs_and_policy(coco_tiny, tmp_path):
     digests = {}
     for workers in (0, 1, 2, 4):
-        s = run_in_process(bench_args(coco_tiny, "loader=explicit", f"loader.num_workers={workers}"), tmp_path / f"w{workers}")
+        s = run_in_process(
+            bench_args(coco_tiny, "loader=explicit", f"loader.num_workers={workers}"), tmp_path / f"w{workers}"
+        )
         assert s["digest_batches"] == 20 and s["num_workers"] == workers
         digests[f"explicit{workers}"] = s["batch_digest"]
     again = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.num_workers=2"), tmp_path / "again")
@@ -41,13 +52,26 @@ def test_batch_digest_is_independent_of_parts_and_pixel_cache(coco_tiny, tmp_pat
     read from the pixel cache instead of decoded: the same stream as whole, decoded batches.
     25 batches span three epochs, which workers stream across (in-process loading does not)."""
     digests, decodes = {}, {}
-    for name, extra in {"whole0": ["loader.num_workers=0"], "whole2": ["loader.num_workers=2"],
-                        "parts1": ["loader.num_workers=1", "loader.part_images=3"],
-                        "parts4": ["loader.num_workers=4", "loader.part_images=3"],
-                        "ram": ["loader.num_workers=2", "dataset.cache=ram"],
-                        "disk_parts": ["loader.num_workers=2", "dataset.cache=disk", "loader.part_images=5"]}.items():
-        s = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.batch_size=8", "bench.batches=25",
-                                      "bench.digest_batches=25", "augment.partner_pool=8", *extra), tmp_path / name)
+    for name, extra in {
+        "whole0": ["loader.num_workers=0"],
+        "whole2": ["loader.num_workers=2"],
+        "parts1": ["loader.num_workers=1", "loader.part_images=3"],
+        "parts4": ["loader.num_workers=4", "loader.part_images=3"],
+        "ram": ["loader.num_workers=2", "dataset.cache=ram"],
+        "disk_parts": ["loader.num_workers=2", "dataset.cache=disk", "loader.part_images=5"],
+    }.items():
+        s = run_in_process(
+            bench_args(
+                coco_tiny,
+                "loader=explicit",
+                "loader.batch_size=8",
+                "bench.batches=25",
+                "bench.digest_batches=25",
+                "augment.partner_pool=8",
+                *extra,
+            ),
+            tmp_path / name,
+        )
         assert s["digest_batches"] == 25 and s["examples"] == 200 and len(s["epochs"]) == 3, (name, s["examples"])
         assert (s["part_images"] is not None) == ("part_images=" in " ".join(extra))
         digests[name], decodes[name] = s["batch_digest"], s["decodes_per_sample"]
@@ -62,25 +86,46 @@ def test_whole_dataset_partners_keep_the_stream_contract(coco_tiny, tmp_path):
     same stream for any worker count, for parts, and for the pixel cache; it differs from the
     pooled stream, and decodes each sample's partners too (about four decodes per sample)."""
     digests, decodes = {}, {}
-    for name, extra in {"whole0": ["loader.num_workers=0"], "whole2": ["loader.num_workers=2"],
-                        "parts3": ["loader.num_workers=2", "loader.part_images=3"],
-                        "ram": ["loader.num_workers=2", "dataset.cache=ram"]}.items():
-        s = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.batch_size=8", "bench.batches=12",
-                                      "bench.digest_batches=12", "augment.partners=dataset", *extra),
-                           tmp_path / name)
+    for name, extra in {
+        "whole0": ["loader.num_workers=0"],
+        "whole2": ["loader.num_workers=2"],
+        "parts3": ["loader.num_workers=2", "loader.part_images=3"],
+        "ram": ["loader.num_workers=2", "dataset.cache=ram"],
+    }.items():
+        s = run_in_process(
+            bench_args(
+                coco_tiny,
+                "loader=explicit",
+                "loader.batch_size=8",
+                "bench.batches=12",
+                "bench.digest_batches=12",
+                "augment.partners=dataset",
+                *extra,
+            ),
+            tmp_path / name,
+        )
         assert s["digest_batches"] == 12, name
         digests[name], decodes[name] = s["batch_digest"], s["decodes_per_sample"]
     assert len(set(digests.values())) == 1, digests
-    pooled = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.batch_size=8", "bench.batches=12",
-                                       "bench.digest_batches=12", "loader.num_workers=2", "augment.partner_pool=8"),
-                            tmp_path / "pooled")
+    pooled = run_in_process(
+        bench_args(
+            coco_tiny,
+            "loader=explicit",
+            "loader.batch_size=8",
+            "bench.batches=12",
+            "bench.digest_batches=12",
+            "loader.num_workers=2",
+            "augment.partner_pool=8",
+        ),
+        tmp_path / "pooled",
+    )
     assert pooled["batch_digest"] != digests["whole2"]
     assert decodes["whole2"] > 2.5 and decodes["ram"] == 0, decodes
 
 
 def test_digest_changes_with_epoch(coco_tiny):
-    from cocodet.datasets.index import build_index
     from cocodet.data.dataset import DetectionDataset
+    from cocodet.datasets.index import build_index
     from cocodet.loader.epoch_sampler import EpochSampler
     from cocodet.loader.flat_batch import flatten
 
@@ -100,9 +145,24 @@ def test_digest_changes_with_epoch(coco_tiny):
 
 
 # Every colour has a 255 channel, so no colour is a blend of another with the black background.
-PALETTE = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (255, 0, 255), (0, 255, 255), (255, 128, 0),
-           (255, 0, 128), (128, 255, 0), (0, 255, 128), (128, 0, 255), (0, 128, 255), (255, 255, 255),
-           (255, 128, 128), (128, 255, 128), (128, 128, 255)]
+PALETTE = [
+    (255, 0, 0),
+    (0, 255, 0),
+    (0, 0, 255),
+    (255, 255, 0),
+    (255, 0, 255),
+    (0, 255, 255),
+    (255, 128, 0),
+    (255, 0, 128),
+    (128, 255, 0),
+    (0, 255, 128),
+    (128, 0, 255),
+    (0, 128, 255),
+    (255, 255, 255),
+    (255, 128, 128),
+    (128, 255, 128),
+    (128, 128, 255),
+]
 
 
 def coloured_image(rng: np.random.Generator, first_label: int, n: int, h: int = 160, w: int = 192):
@@ -116,7 +176,7 @@ def coloured_image(rng: np.random.Generator, first_label: int, n: int, h: int = 
         bw, bh = int(rng.integers(14, cell_w - 2)), int(rng.integers(14, cell_h - 2))
         x1, y1 = cx + int(rng.integers(0, cell_w - bw)), cy + int(rng.integers(0, cell_h - bh))
         label = first_label + j
-        image[y1:y1 + bh, x1:x1 + bw] = PALETTE[label - 1]
+        image[y1 : y1 + bh, x1 : x1 + bw] = PALETTE[label - 1]
         boxes.append([x1, y1, x1 + bw, y1 + bh])
         labels.append(label)
     return image, np.array(boxes, np.float32), np.array(labels, np.int64)
@@ -209,15 +269,33 @@ def test_mosaic_pad_share_matches_the_pixels():
 # 0.0176 (docs/studies.md); the whole-dataset and pooled streams are kept frozen beside it.
 REFERENCE_DIGEST = "1b44e6454ed069176e2dadf6daf314c1ecc2cb36da5c3e1ef680928cfa54d5b3"
 WHOLE_DATASET_REFERENCE_DIGEST = "aa867de2fd25627216674c7ead9335fb15cd441f1c7f34070c7ac267826a2e34"  # issue 45 to 54
-POOLED_REFERENCE_DIGEST = "0cdfd22fdf330f420cb84c8647198fb781dd515695a50a4d4677c0e07ce2483d"  # the default until issue 45
+POOLED_REFERENCE_DIGEST = (
+    "0cdfd22fdf330f420cb84c8647198fb781dd515695a50a4d4677c0e07ce2483d"  # the default until issue 45
+)
 
 
-@pytest.mark.parametrize("partners,digest", [(None, REFERENCE_DIGEST),
-                                             ("augment.partners=dataset", WHOLE_DATASET_REFERENCE_DIGEST),
-                                             ("augment.partner_pool=8", POOLED_REFERENCE_DIGEST)])
+@pytest.mark.parametrize(
+    "partners,digest",
+    [
+        (None, REFERENCE_DIGEST),
+        ("augment.partners=dataset", WHOLE_DATASET_REFERENCE_DIGEST),
+        ("augment.partner_pool=8", POOLED_REFERENCE_DIGEST),
+    ],
+)
 def test_default_train_stream_matches_the_frozen_reference(coco_tiny, tmp_path, partners, digest):
     extra = [] if partners is None else [partners]
-    s = run_in_process(["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "bench.batches=4", "bench.warmup=0",
-                        "bench.digest_batches=4", "bench.decode_probe=0", *extra], tmp_path / "ref")
+    s = run_in_process(
+        [
+            "mode=bench",
+            "dataset=coco",
+            f"dataset.root={coco_tiny}",
+            "bench.batches=4",
+            "bench.warmup=0",
+            "bench.digest_batches=4",
+            "bench.decode_probe=0",
+            *extra,
+        ],
+        tmp_path / "ref",
+    )
     assert s["batch_size"] == 8 and s["digest_batches"] == 4
     assert s["batch_digest"] == digest

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, is_root, synthetic_overrides
 
 needs_root = pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare")
@@ -20,9 +19,21 @@ needs_root = pytest.mark.skipif(not is_root() or not shutil.which("unshare"), re
 def in_tmpfs(mount: str, size: str, script: str) -> subprocess.CompletedProcess:
     """Run the shell ``script`` in a private mount namespace with a tmpfs of ``size`` on ``mount``
     (the tmpfs ends with the namespace, so the script also inspects what is left in it)."""
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                           f"mount -t tmpfs -o size={size} tmpfs {mount} && {script}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size={size} tmpfs {mount} && {script}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 CHECK_LAST = """
@@ -40,12 +51,23 @@ def test_checkpoint_save_on_full_disk_keeps_last_and_prints_summary(tmp_path, sy
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (tmp_path / "check.py").write_text(CHECK_LAST)
-    train = [sys.executable, "train.py", *synthetic_overrides(synthetic_root), "dataset.image_size=64",
-             "loader.batch_size=16", "trainer.max_epochs=3", "trainer.limit_train_batches=1",
-             "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
-             f"callbacks.last_checkpoint.dirpath={folder}", f"hydra.run.dir={tmp_path / 'run'}"]
-    script = (f"{' '.join(train)} > {tmp_path / 'out'} 2> {tmp_path / 'err'}; echo RC=$?; "
-              f"ls -a {folder}; {sys.executable} {tmp_path / 'check.py'} {folder / 'last.ckpt'}")
+    train = [
+        sys.executable,
+        "train.py",
+        *synthetic_overrides(synthetic_root),
+        "dataset.image_size=64",
+        "loader.batch_size=16",
+        "trainer.max_epochs=3",
+        "trainer.limit_train_batches=1",
+        "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false",
+        f"callbacks.last_checkpoint.dirpath={folder}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    script = (
+        f"{' '.join(train)} > {tmp_path / 'out'} 2> {tmp_path / 'err'}; echo RC=$?; "
+        f"ls -a {folder}; {sys.executable} {tmp_path / 'check.py'} {folder / 'last.ckpt'}"
+    )
     proc = in_tmpfs(str(folder), "300m", script)
     stdout, stderr = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
     assert "RC=2" in proc.stdout, stderr[-3000:]
@@ -75,16 +97,29 @@ def test_pixel_cache_build_on_full_disk_removes_its_partial_build(tmp_path, coco
     cache = tmp_path / "cache"
     cache.mkdir()
     (tmp_path / "patched.py").write_text(PATCHED_RUN)
-    train = [sys.executable, str(tmp_path / "patched.py"), "dataset=coco", f"dataset.root={coco_tiny}",
-             "dataset.image_size=320", "dataset.cache=disk", f"dataset.cache_dir={cache}", "mode=bench",
-             "bench.batches=2", f"hydra.run.dir={tmp_path / 'run'}"]
+    train = [
+        sys.executable,
+        str(tmp_path / "patched.py"),
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "dataset.image_size=320",
+        "dataset.cache=disk",
+        f"dataset.cache_dir={cache}",
+        "mode=bench",
+        "bench.batches=2",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     script = f"{' '.join(train)} > {tmp_path / 'out'} 2> {tmp_path / 'err'}; echo RC=$?; ls -a {cache}"
     proc = in_tmpfs(str(cache), "4m", script)
     stderr = (tmp_path / "err").read_text()
     assert "RC=2" in proc.stdout, stderr[-3000:]
     last_line = stderr.strip().splitlines()[-1]
-    assert last_line.startswith("error: dataset.cache=disk: the disk filled while building the train pixel cache "
-                                f"in {cache}") and "MiB free now; the partial build was removed" in last_line
+    assert (
+        last_line.startswith(
+            f"error: dataset.cache=disk: the disk filled while building the train pixel cache in {cache}"
+        )
+        and "MiB free now; the partial build was removed" in last_line
+    )
     left = proc.stdout.split("RC=2", 1)[1].split()
     # No pixel folder, finished or temporary, is left behind (the empty lock file stays, as after any build).
     assert not [name for name in left if name.startswith("pixels-") and not name.endswith(".lock")], left

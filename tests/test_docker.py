@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-
 from conftest import REPO
+from hydra import compose, initialize_config_dir
 
 
 def hadolint() -> str:
@@ -24,8 +23,9 @@ def hadolint() -> str:
 
 @pytest.mark.slow
 def test_dockerfile_lints_clean():
-    proc = subprocess.run([hadolint(), "--failure-threshold", "info", str(REPO / "Dockerfile")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [hadolint(), "--failure-threshold", "info", str(REPO / "Dockerfile")], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -38,11 +38,15 @@ def test_dockerfile_builds_a_venv_on_any_debian_python_base():
     assert base and base.group(1).startswith("python:3.11"), "default base must match the pinned wheels (cp311)"
     assert re.search(r"^FROM \$\{BASE_IMAGE\}", text, re.M)
     assert "python3 -m venv /opt/venv" in text and "/opt/venv/bin/pip install -r requirements.txt" in text
-    order = [text.index(s) for s in ("COPY requirements.txt", "pip install -r requirements.txt", "COPY src", "COPY conf")]
+    order = [
+        text.index(s) for s in ("COPY requirements.txt", "pip install -r requirements.txt", "COPY src", "COPY conf")
+    ]
     assert order == sorted(order), "dependency layers must come before the code layers"
     entry = json.loads(re.search(r"^ENTRYPOINT (.+)$", text, re.M).group(1))
-    assert entry[:2] == ["/opt/venv/bin/dumb-init", "--single-child"] and entry[-2:] == ["/opt/venv/bin/python",
-                                                                                      "/app/train.py"]
+    assert entry[:2] == ["/opt/venv/bin/dumb-init", "--single-child"] and entry[-2:] == [
+        "/opt/venv/bin/python",
+        "/app/train.py",
+    ]
     for var in ("HOME", "MPLCONFIGDIR", "TORCH_HOME", "COCODET_CACHE_DIR"):  # any --user UID can write these
         assert re.search(rf"^\s+{var}=/(tmp|cache)", text, re.M), var
 
@@ -60,8 +64,10 @@ def test_requirements_are_exact_pins_and_what_is_installed():
     assert installed == pins
 
 
-@pytest.mark.parametrize("launcher,target", [("local_parallel", "hydra_plugins.hydra_joblib_launcher"),
-                                             ("slurm", "hydra_plugins.hydra_submitit_launcher")])
+@pytest.mark.parametrize(
+    "launcher,target",
+    [("local_parallel", "hydra_plugins.hydra_joblib_launcher"), ("slurm", "hydra_plugins.hydra_submitit_launcher")],
+)
 def test_launcher_presets_name_installed_launchers(launcher, target):
     import importlib
 
@@ -71,12 +77,30 @@ def test_launcher_presets_name_installed_launchers(launcher, target):
     assert module.startswith(target) and callable(getattr(importlib.import_module(module), name))
 
 
-@pytest.mark.parametrize("experiment,expect", [
-    ("coco_tiny", {"dataset._target_": "cocodet.datamodule.CocoDataModule", "dataset.image_size": 320,
-                   "dataset.train_ann": "annotations/instances_train2017.json", "trainer.max_epochs": 1}),
-    ("coco_gpu", {"model.detector.name": "fcos_resnet50_fpn", "trainer.accelerator": "gpu", "loader.batch_size": 16,
-                  "model.detector.pretrained_backbone": True, "dataset.image_size": 640}),
-])
+@pytest.mark.parametrize(
+    "experiment,expect",
+    [
+        (
+            "coco_tiny",
+            {
+                "dataset._target_": "cocodet.datamodule.CocoDataModule",
+                "dataset.image_size": 320,
+                "dataset.train_ann": "annotations/instances_train2017.json",
+                "trainer.max_epochs": 1,
+            },
+        ),
+        (
+            "coco_gpu",
+            {
+                "model.detector.name": "fcos_resnet50_fpn",
+                "trainer.accelerator": "gpu",
+                "loader.batch_size": 16,
+                "model.detector.pretrained_backbone": True,
+                "dataset.image_size": 640,
+            },
+        ),
+    ],
+)
 def test_experiment_presets_apply_their_differences(experiment, expect):
     from omegaconf import OmegaConf
 
@@ -89,8 +113,11 @@ def test_experiment_presets_apply_their_differences(experiment, expect):
 
 
 def test_dockerignore_keeps_outputs_data_and_venv_out_of_the_build_context():
-    patterns = {ln.strip().rstrip("/") for ln in (REPO / ".dockerignore").read_text().splitlines()
-                if ln.strip() and not ln.startswith("#")}
+    patterns = {
+        ln.strip().rstrip("/")
+        for ln in (REPO / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    }
     assert {"outputs", "multirun", "data", ".venv", ".git"} <= patterns, patterns
 
 

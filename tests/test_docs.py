@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -34,8 +33,9 @@ def test_every_section_cited_in_src_exists():
 
 def test_nothing_refers_to_the_shared_design_file():
     pattern = "shared/" + "DESIGN"  # spelt apart, so this file does not match itself
-    proc = subprocess.run(["git", "grep", "--untracked", "-n", pattern, "--", "."], cwd=REPO, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        ["git", "grep", "--untracked", "-n", pattern, "--", "."], cwd=REPO, capture_output=True, text=True
+    )
     assert proc.returncode in (0, 1) and proc.stdout == "", proc.stdout + proc.stderr
 
 
@@ -77,10 +77,21 @@ def test_every_relative_link_resolves(doc):
 
 # A script's path in prose and code blocks alike (folder, slash, name ending .py or .sh), and the
 # pathlib form tests use (the folder and the name as two quoted strings joined by " / ").
-SCRIPT_PATH = re.compile(r"\b(scripts|benchmarks)/([\w.-]+\.(?:py|sh))\b|\"(scripts|benchmarks)\" / \"([\w.-]+\.(?:py|sh))\"")
-SCANNED = [REPO / "README.md", REPO / "Makefile", REPO / "Dockerfile", *sorted((REPO / ".ci").glob("*")),
-           *(p for folder in ("docs", "src", "conf", "tests", "scripts", "benchmarks", "deploy")
-             for p in sorted((REPO / folder).rglob("*")) if p.suffix in (".md", ".py", ".yaml", ".sh", ".txt"))]
+SCRIPT_PATH = re.compile(
+    r"\b(scripts|benchmarks)/([\w.-]+\.(?:py|sh))\b|\"(scripts|benchmarks)\" / \"([\w.-]+\.(?:py|sh))\""
+)
+SCANNED = [
+    REPO / "README.md",
+    REPO / "Makefile",
+    REPO / "Dockerfile",
+    *sorted((REPO / ".ci").glob("*")),
+    *(
+        p
+        for folder in ("docs", "src", "conf", "tests", "scripts", "benchmarks", "deploy")
+        for p in sorted((REPO / folder).rglob("*"))
+        if p.suffix in (".md", ".py", ".yaml", ".sh", ".txt")
+    ),
+]
 
 
 def missing_script_paths(files: list[Path]) -> list[str]:
@@ -99,12 +110,22 @@ def test_every_script_path_named_anywhere_exists(tmp_path):
     assert len(SCANNED) > 100 and missing_script_paths(SCANNED) == []
     planted = tmp_path / "planted.md"
     moved = "scripts" + "/bench_mosaic.py"  # built here, so that this file names no stale path itself
-    planted.write_text(f"```\npython {moved}\n```\nand `REPO / \"scripts\" / \"sweep_report.py\"`\n")
+    planted.write_text(f'```\npython {moved}\n```\nand `REPO / "scripts" / "sweep_report.py"`\n')
     assert missing_script_paths([planted]) == [f"planted.md: {moved}"]
 
 
 def test_scripts_holds_the_tools_and_benchmarks_the_studies():
     tools = {p.name for p in (REPO / "scripts").iterdir()}
-    assert tools == {"container_check.sh", "debian_mirror.sh", "download_coco.sh", "gpu_check.sh", "gpu_wheels.sh",
-                     "plot_learning_curve.py", "sweep_report.py"}
-    assert {p.name for p in (REPO / "benchmarks").iterdir() if p.suffix == ".py"} >= {"bench_mosaic.py", "recipe_study.py"}
+    assert tools == {
+        "container_check.sh",
+        "debian_mirror.sh",
+        "download_coco.sh",
+        "gpu_check.sh",
+        "gpu_wheels.sh",
+        "plot_learning_curve.py",
+        "sweep_report.py",
+    }
+    assert {p.name for p in (REPO / "benchmarks").iterdir() if p.suffix == ".py"} >= {
+        "bench_mosaic.py",
+        "recipe_study.py",
+    }

@@ -15,26 +15,48 @@ from cocodet.models.preemption import AUTO_STEPS, auto_every_n_steps
 from cocodet.ranks import read_ranks
 from cocodet.tracking.continued_logs import continue_logs
 
-TORCHRUN = {"TORCHELASTIC_RUN_ID": "exp1", "RANK": "1", "LOCAL_RANK": "0", "GROUP_RANK": "1", "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_MAX_RESTARTS": "0"}
+TORCHRUN = {
+    "TORCHELASTIC_RUN_ID": "exp1",
+    "RANK": "1",
+    "LOCAL_RANK": "0",
+    "GROUP_RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_WORLD_SIZE": "1",
+    "TORCHELASTIC_MAX_RESTARTS": "0",
+}
 
 
 def test_every_node_and_restart_composes_the_rendezvous_ids_folder():
     assert default_run_dir("outputs/2026-12-06/10-00-00", TORCHRUN) == "outputs/torchrun/exp1"
-    assert default_run_dir("outputs/2026-12-06/10-00-00", {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}) == \
-        "outputs/2026-12-06/10-00-00"  # torchrun's default id names no run
+    assert (
+        default_run_dir("outputs/2026-12-06/10-00-00", {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"})
+        == "outputs/2026-12-06/10-00-00"
+    )  # torchrun's default id names no run
     assert default_run_dir("outputs/x", {}) == "outputs/x"
 
 
-@pytest.mark.parametrize("env,given,refused", [
-    (TORCHRUN, False, False),                                           # the id's folder
-    ({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}, False, True),         # two nodes, no id, no folder
-    ({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}, True, False),         # hydra.run.dir given
-    ({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "1", "GROUP_RANK": "0", "RANK": "0",
-      "TORCHELASTIC_MAX_RESTARTS": "2"}, False, True),                  # one node that may restart
-    ({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "1", "GROUP_RANK": "0", "RANK": "0"}, False, False),
-    ({"MASTER_ADDR": "h", "NODE_RANK": "1", "LOCAL_RANK": "0"}, False, True),  # Lightning's variables, 2 nodes
-])
+@pytest.mark.parametrize(
+    "env,given,refused",
+    [
+        (TORCHRUN, False, False),  # the id's folder
+        ({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}, False, True),  # two nodes, no id, no folder
+        ({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}, True, False),  # hydra.run.dir given
+        (
+            {
+                **TORCHRUN,
+                "TORCHELASTIC_RUN_ID": "none",
+                "WORLD_SIZE": "1",
+                "GROUP_RANK": "0",
+                "RANK": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "2",
+            },
+            False,
+            True,
+        ),  # one node that may restart
+        ({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "1", "GROUP_RANK": "0", "RANK": "0"}, False, False),
+        ({"MASTER_ADDR": "h", "NODE_RANK": "1", "LOCAL_RANK": "0"}, False, True),  # Lightning's variables, 2 nodes
+    ],
+)
 def test_a_launch_that_would_write_to_several_folders_is_refused(env, given, refused):
     ranks = read_ranks(devices=1, num_nodes=2 if "NODE_RANK" in env else 1, environ=env)
     why = unshared_folder(ranks, given, env)
@@ -93,8 +115,13 @@ def test_a_resumed_run_continues_its_csv_and_tensorboard_folders_without_the_red
     csv_logger.log_metrics({"train/loss": 40.0, "train/lr": 0.1}, step=4)  # a new key: the header grows
     csv_logger.save()
     rows = list(csv.DictReader(open(tmp_path / "csv" / "version_0" / "metrics.csv")))
-    assert [(r["step"], r["train/loss"]) for r in rows] == [("0", "0.0"), ("1", "1.0"), ("2", "2.0"), ("3", "3.0"),
-                                                            ("4", "40.0")]
+    assert [(r["step"], r["train/loss"]) for r in rows] == [
+        ("0", "0.0"),
+        ("1", "1.0"),
+        ("2", "2.0"),
+        ("3", "3.0"),
+        ("4", "40.0"),
+    ]
     assert rows[-1]["train/lr"] == "0.1" and sorted(p.name for p in (tmp_path / "csv").iterdir()) == ["version_0"]
 
 
@@ -106,12 +133,19 @@ def test_a_fresh_folder_starts_its_own_records(tmp_path):
     assert logger._version is None and logger.version == 0
 
 
-@pytest.mark.parametrize("nodes,restarts,steps,why", [
-    (1, "0", 0, "resume.ckpt on SIGTERM only (one node, no restarts); last.ckpt at every epoch end"),
-    (2, "0", AUTO_STEPS, f"resume.ckpt every {AUTO_STEPS} steps (2 nodes: a lost node costs at most that many)"),
-    (1, "3", AUTO_STEPS, f"resume.ckpt every {AUTO_STEPS} steps (torchrun --max-restarts=3: a lost node costs at "
-                         "most that many)"),
-])
+@pytest.mark.parametrize(
+    "nodes,restarts,steps,why",
+    [
+        (1, "0", 0, "resume.ckpt on SIGTERM only (one node, no restarts); last.ckpt at every epoch end"),
+        (2, "0", AUTO_STEPS, f"resume.ckpt every {AUTO_STEPS} steps (2 nodes: a lost node costs at most that many)"),
+        (
+            1,
+            "3",
+            AUTO_STEPS,
+            f"resume.ckpt every {AUTO_STEPS} steps (torchrun --max-restarts=3: a lost node costs at most that many)",
+        ),
+    ],
+)
 def test_auto_resume_points_where_a_node_can_be_lost(monkeypatch, nodes, restarts, steps, why):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", restarts)
     assert auto_every_n_steps(nodes) == (steps, why)  # the reason is the run's log line

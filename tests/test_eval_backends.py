@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO
 
 from cocodet.models.evaluation import ALL_STAT_NAMES, EvalBackendError, backend_classes, evaluate, load_ground_truth
@@ -57,7 +56,9 @@ def test_backends_agree_on_a_subset_of_images(hard_set):
 
 def test_an_import_failure_names_the_backend(monkeypatch):
     monkeypatch.setitem(sys.modules, "faster_coco_eval", None)  # what a broken install looks like to import
-    with pytest.raises(EvalBackendError, match=r"model.eval_backend=faster: importing it failed \((ModuleNotFound|Import)Error"):
+    with pytest.raises(
+        EvalBackendError, match=r"model.eval_backend=faster: importing it failed \((ModuleNotFound|Import)Error"
+    ):
         backend_classes("faster")
     assert backend_classes("pycocotools")[1].__module__.startswith("pycocotools")
     assert importlib.util.find_spec("pycocotools") is not None

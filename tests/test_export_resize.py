@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import run_in_process, synthetic_overrides
 from test_use_checkpoint import assert_standalone_matches
 
@@ -28,8 +27,16 @@ KINDS = {
 def test_standalone_export_matches_predict(kind, synthetic_root, coco_tiny, tmp_path):
     run = tmp_path / "run"
     common = [*synthetic_overrides(synthetic_root), *KINDS[kind], "loader=explicit", "loader.num_workers=0"]
-    s = run_in_process([*common, "trainer.max_epochs=1", "trainer.limit_train_batches=1",
-                        "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false"], run)
+    s = run_in_process(
+        [
+            *common,
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=1",
+            "trainer.limit_val_batches=1",
+            "trainer.enable_progress_bar=false",
+        ],
+        run,
+    )
     assert s["status"] == "completed"
     images = tmp_path / "images"  # three coco_tiny val images of different shapes
     images.mkdir()
@@ -37,8 +44,17 @@ def test_standalone_export_matches_predict(kind, synthetic_root, coco_tiny, tmp_
         shutil.copyfile(coco_tiny / "val2017" / name, images / name)
     # One image per batch, as the standalone script runs them: a batch of shortest-side inputs
     # is padded to its largest, which moves an untrained model's near-tied scores.
-    p = run_in_process([*common, "mode=predict", f"ckpt_path={s['last_ckpt']}", f"predict.source={images}",
-                        "predict.score_threshold=0", "loader.batch_size=1"], tmp_path / "predict")
+    p = run_in_process(
+        [
+            *common,
+            "mode=predict",
+            f"ckpt_path={s['last_ckpt']}",
+            f"predict.source={images}",
+            "predict.score_threshold=0",
+            "loader.batch_size=1",
+        ],
+        tmp_path / "predict",
+    )
     results = json.loads(Path(p["predictions"]).read_text())
     e = run_in_process([*common, "mode=export", f"ckpt_path={s['last_ckpt']}"], tmp_path / "export")
     meta = json.loads(Path(e["metadata"]).read_text())

@@ -80,10 +80,18 @@ class _Samples(torch.utils.data.Dataset):
 
 def list_of_dicts_collate(samples):
     images = torch.stack([torch.from_numpy(s["image"]).permute(2, 0, 1) for s in samples])
-    targets = [{"boxes": torch.from_numpy(s["boxes"]), "labels": torch.from_numpy(s["labels"]),
-                "image_id": torch.tensor(s["image_id"]), "area": torch.from_numpy(s["boxes"][:, 2] * 1.0),
-                "iscrowd": torch.zeros(len(s["labels"])), "orig_size": torch.tensor([64, 64]),
-                "to_original": torch.from_numpy(s["to_original"])} for s in samples]
+    targets = [
+        {
+            "boxes": torch.from_numpy(s["boxes"]),
+            "labels": torch.from_numpy(s["labels"]),
+            "image_id": torch.tensor(s["image_id"]),
+            "area": torch.from_numpy(s["boxes"][:, 2] * 1.0),
+            "iscrowd": torch.zeros(len(s["labels"])),
+            "orig_size": torch.tensor([64, 64]),
+            "to_original": torch.from_numpy(s["to_original"]),
+        }
+        for s in samples
+    ]
     return images, targets
 
 
@@ -94,6 +102,11 @@ def test_storages_crossing_worker_boundary(batch):
     assert isinstance(received, FlatBatch)
     assert 1 <= storages_in(received, shared_only=True) <= 8
     if batch == 8:  # the natural layout grows with the batch; this is what FlatBatch avoids
-        natural = next(iter(torch.utils.data.DataLoader(_Samples(batch), batch_size=batch, num_workers=1,
-                                                        collate_fn=list_of_dicts_collate)))
+        natural = next(
+            iter(
+                torch.utils.data.DataLoader(
+                    _Samples(batch), batch_size=batch, num_workers=1, collate_fn=list_of_dicts_collate
+                )
+            )
+        )
         assert storages_in(natural, shared_only=True) >= 6 * batch

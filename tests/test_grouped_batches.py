@@ -8,12 +8,12 @@ import bisect
 
 import numpy as np
 import pytest
-
 from conftest import run_in_process
+
 from cocodet.bench.padding import pad_share, sample_sizes
 from cocodet.datasets.index import build_index
-from cocodet.loader.grouped_sampler import GroupedEpochSampler, aspect_bins, aspect_groups
 from cocodet.loader.batch_sampler import EpochBatchSampler
+from cocodet.loader.grouped_sampler import GroupedEpochSampler, aspect_bins, aspect_groups
 from cocodet.loader.stream_position import ResumeError, StreamPosition
 
 B = 4
@@ -21,8 +21,9 @@ B = 4
 
 @pytest.fixture(scope="module")
 def sizes(coco_tiny) -> np.ndarray:
-    index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json",
-                        keep_empty="reference")
+    index = build_index(
+        coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json", keep_empty="reference"
+    )
     return np.asarray(index.sizes)
 
 
@@ -74,7 +75,7 @@ def test_ranks_run_the_same_steps_and_share_the_epoch(sizes, world):
     assert [b for r in range(world) for b in padded[r::world]] == [b for r in batches for b in r]
     taken = [i for r in batches for b in r for i in b]
     assert set(taken) == set(range(79))
-    assert len(taken) - 79 == sum(len(b) for b in padded[len(whole):])
+    assert len(taken) - 79 == sum(len(b) for b in padded[len(whole) :])
     for r, s in zip(batches, ranks):
         assert sum(map(len, r)) == len(s) and all(len(b) == B for b in r[:-1])
 
@@ -88,17 +89,33 @@ def test_grouping_saves_padding_as_measured(sizes):
     grouped, ungrouped = [], []
     for epoch in range(20):
         order = np.random.default_rng((0, epoch, 2**62)).permutation(len(sizes))
-        ungrouped.append(pad_share([order[s:s + B] for s in range(0, len(order), B)], hw))
+        ungrouped.append(pad_share([order[s : s + B] for s in range(0, len(order), B)], hw))
         grouped.append(pad_share(groups_sampler.epoch_batches_of(epoch), hw))
     assert np.mean(ungrouped) / np.mean(grouped) >= 3.0, (np.mean(ungrouped), np.mean(grouped))
 
 
 def bench(coco_tiny, tmp_path, *extra) -> dict:
-    return run_in_process(["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "augment=hflip",
-                           "model=fasterrcnn_mobilenet_v3_large_fpn", "+model.detector.min_size=96",
-                           "+model.detector.max_size=160", "loader=explicit", "loader.num_workers=0",
-                           f"loader.batch_size={B}", "bench.batches=null", "bench.epochs=1", "bench.warmup=0",
-                           "bench.digest_batches=20", "bench.decode_probe=0", *extra], tmp_path)
+    return run_in_process(
+        [
+            "mode=bench",
+            "dataset=coco",
+            f"dataset.root={coco_tiny}",
+            "augment=hflip",
+            "model=fasterrcnn_mobilenet_v3_large_fpn",
+            "+model.detector.min_size=96",
+            "+model.detector.max_size=160",
+            "loader=explicit",
+            "loader.num_workers=0",
+            f"loader.batch_size={B}",
+            "bench.batches=null",
+            "bench.epochs=1",
+            "bench.warmup=0",
+            "bench.digest_batches=20",
+            "bench.decode_probe=0",
+            *extra,
+        ],
+        tmp_path,
+    )
 
 
 def test_bench_measures_batch_padding_and_grouping_is_the_default_with_a_preset(coco_tiny, sizes, tmp_path):
@@ -111,20 +128,26 @@ def test_bench_measures_batch_padding_and_grouping_is_the_default_with_a_preset(
     hw = sample_sizes("hflip", sizes, 0, model_sizes=(96, 160))
     order = np.random.default_rng((0, 0, 2**62)).permutation(len(sizes))
     assert ungrouped["batch_pad_share"] == pytest.approx(
-        pad_share([order[s:s + B] for s in range(0, len(order), B)], hw), abs=1e-4)
+        pad_share([order[s : s + B] for s in range(0, len(order), B)], hw), abs=1e-4
+    )
     assert grouped["batch_pad_share"] == pytest.approx(
-        pad_share(GroupedEpochSampler(sizes, B, 3, seed=0).epoch_batches_of(0), hw), abs=1e-4)
+        pad_share(GroupedEpochSampler(sizes, B, 3, seed=0).epoch_batches_of(0), hw), abs=1e-4
+    )
     assert grouped["batch_pad_share"] < ungrouped["batch_pad_share"]
 
 
 def test_mosaic_ignores_grouping_and_the_plan_says_so(synthetic_root, tmp_path):
     from conftest import synthetic_overrides
 
-    s = run_in_process(["mode=plan", *synthetic_overrides(synthetic_root), "augment=mosaic",
-                        "loader.group_aspect_ratio=3"], tmp_path)
+    s = run_in_process(
+        ["mode=plan", *synthetic_overrides(synthetic_root), "augment=mosaic", "loader.group_aspect_ratio=3"], tmp_path
+    )
     assert s["group_aspect_ratio"] is None
     assert any("loader.group_aspect_ratio=3 is ignored: mosaic's outputs" in w for w in s["warnings"]), s["warnings"]
-    assert run_in_process(["mode=plan", *synthetic_overrides(synthetic_root)], tmp_path / "b")["group_aspect_ratio"] is None
+    assert (
+        run_in_process(["mode=plan", *synthetic_overrides(synthetic_root)], tmp_path / "b")["group_aspect_ratio"]
+        is None
+    )
 
 
 def test_a_resume_with_another_grouping_is_refused():
@@ -137,6 +160,7 @@ def test_a_resume_with_another_grouping_is_refused():
 
 def test_a_bad_factor_is_refused_in_one_line(synthetic_root, tmp_path):
     from conftest import synthetic_overrides
+
     from cocodet.errors import ConfigError
 
     with pytest.raises(ConfigError, match="loader.group_aspect_ratio"):

@@ -10,24 +10,35 @@ import json
 
 import pytest
 import torch
-
 from conftest import NARROW_MODEL, REPO, run_in_process, run_train, synthetic_overrides
-from cocodet.models.ema import ramped_ema
+
 from cocodet.models.checkpoint_io import nonfinite_tensors
+from cocodet.models.ema import ramped_ema
 from cocodet.models.health import HealthConfig, StepHealth, confident_count
 
 ENV = {"PYTHONPATH": str(REPO / "tests")}
 
 
 def small(root, *extra: str, batch: int = 8) -> list[str]:
-    return [*synthetic_overrides(root), "dataset.image_size=64", f"loader.batch_size={batch}", NARROW_MODEL,
-            "trainer.enable_progress_bar=false",
-            "model.eval_max_images=8", "callbacks.prediction_grid.images=2", *extra]
+    return [
+        *synthetic_overrides(root),
+        "dataset.image_size=64",
+        f"loader.batch_size={batch}",
+        NARROW_MODEL,
+        "trainer.enable_progress_bar=false",
+        "model.eval_max_images=8",
+        "callbacks.prediction_grid.images=2",
+        *extra,
+    ]
 
 
 def nan_at(step: int, count: int = 1, rank: int | None = None) -> list[str]:
-    return ["+callbacks.nan._target_=signal_at_step.NonFiniteLossAt", f"+callbacks.nan.step={step}",
-            f"+callbacks.nan.count={count}", f"+callbacks.nan.rank={'null' if rank is None else rank}"]
+    return [
+        "+callbacks.nan._target_=signal_at_step.NonFiniteLossAt",
+        f"+callbacks.nan.step={step}",
+        f"+callbacks.nan.count={count}",
+        f"+callbacks.nan.rank={'null' if rank is None else rank}",
+    ]
 
 
 def all_finite(ckpt: str) -> bool:
@@ -39,8 +50,11 @@ def test_a_learning_rate_that_diverges_ends_the_run_with_a_diagnosis(tmp_path, s
     """lr 1e4 (AdamW): the loss is NaN from the second step. Five skipped steps in a row stop
     the run: one error line naming the terms, steps and learning rate, status diverged, exit 2,
     and every checkpoint written (one each step here) holds finite tensors only."""
-    proc, s = run_train(small(synthetic_root, "model.optimizer.lr=1e4", "checkpoint.every_n_steps=1",
-                              "trainer.max_epochs=3"), tmp_path / "run", check=False)
+    proc, s = run_train(
+        small(synthetic_root, "model.optimizer.lr=1e4", "checkpoint.every_n_steps=1", "trainer.max_epochs=3"),
+        tmp_path / "run",
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert "training diverged: 5 steps in a row had a non-finite loss" in line and "learning rate" in line, line
@@ -79,10 +93,16 @@ def test_a_nan_in_one_micro_batch_skips_its_whole_optimizer_step_on_every_rank(t
     (and changed across step 4), one skip counted, the run completes with a finite last.ckpt.
     (Before issue 57 only the last micro-batch's verdict counted: the NaN step was applied.)"""
     probe = tmp_path / "params"
-    extra = ["trainer=ddp_cpu", "trainer.max_epochs=2", "trainer.accumulate_grad_batches=2",
-             *nan_at(3, rank=1), "+callbacks.nan.first_micro_batch_only=true",
-             "+callbacks.probe._target_=signal_at_step.ParametersAcrossSteps", f"+callbacks.probe.path={probe}",
-             "+callbacks.probe.steps=[3,4]"]
+    extra = [
+        "trainer=ddp_cpu",
+        "trainer.max_epochs=2",
+        "trainer.accumulate_grad_batches=2",
+        *nan_at(3, rank=1),
+        "+callbacks.nan.first_micro_batch_only=true",
+        "+callbacks.probe._target_=signal_at_step.ParametersAcrossSteps",
+        f"+callbacks.probe.path={probe}",
+        "+callbacks.probe.steps=[3,4]",
+    ]
     proc, s = run_train(small(synthetic_root, *extra, batch=4), tmp_path / "run", env=ENV, timeout=500)
     # 48 images, 2 ranks, batch 4: 6 micro-batches a rank an epoch, 3 steps; step 3 opens epoch 1
     assert s["status"] == "completed" and s["steps"] == 6 and s["ddp"]["world_size"] == 2
@@ -105,8 +125,9 @@ def test_a_collapsed_run_is_warned_and_can_be_stopped(tmp_path, synthetic_root):
     [warning] = s["health"]["warnings"]
     assert warning["kind"] == "flat_loss" and warning["term"] == "bbox_regression" and warning["step"] == 4
     assert "has stayed at 1.000000" in warning["message"] and s["status"] == "completed" and s["map50"] == 0.0
-    proc, stopped = run_train(small(synthetic_root, *collapse, "model.health.on_collapse=stop"), tmp_path / "stop",
-                              check=False)
+    proc, stopped = run_train(
+        small(synthetic_root, *collapse, "model.health.on_collapse=stop"), tmp_path / "stop", check=False
+    )
     assert proc.returncode == 2 and stopped["status"] == "collapsed" and stopped["steps"] == 4  # stopped at that step
     assert "loss term bbox_regression has stayed at 1.000000" in proc.stderr.splitlines()[-1]
 
@@ -122,7 +143,11 @@ def test_no_confident_prediction_from_the_start_is_not_a_collapse():
     for step, confident in ((40, 12), (50, 0), (60, 0)):
         health.watch_predictions(confident, step, warmup_end=5)
     [warning] = health.warnings
-    assert warning["kind"] == "no_predictions" and warning["step"] == 50 and "an earlier one found 12" in warning["message"]
+    assert (
+        warning["kind"] == "no_predictions"
+        and warning["step"] == 50
+        and "an earlier one found 12" in warning["message"]
+    )
     early = StepHealth(HealthConfig())
     early.watch_predictions(3, 2, warmup_end=20)
     early.watch_predictions(0, 4, warmup_end=20)  # still in the warm-up: the rate is still rising
@@ -157,11 +182,22 @@ def built_schedule(scheduler, **kwargs):
     from cocodet.models.detector import DetectorModule
     from cocodet.models.zoo import build_detector
 
-    module = DetectorModule(partial(build_detector, name="fcos_resnet18_fpn", fpn_channels=64), 64,
-                            partial(torch.optim.SGD, lr=0.02, momentum=0.9), "unused.json", [1, 2, 3], scheduler,
-                            **kwargs)
-    trainer = SimpleNamespace(estimated_stepping_batches=100, max_epochs=10, world_size=1, accumulate_grad_batches=1,
-                              datamodule=SimpleNamespace(batch_size=8))
+    module = DetectorModule(
+        partial(build_detector, name="fcos_resnet18_fpn", fpn_channels=64),
+        64,
+        partial(torch.optim.SGD, lr=0.02, momentum=0.9),
+        "unused.json",
+        [1, 2, 3],
+        scheduler,
+        **kwargs,
+    )
+    trainer = SimpleNamespace(
+        estimated_stepping_batches=100,
+        max_epochs=10,
+        world_size=1,
+        accumulate_grad_batches=1,
+        datamodule=SimpleNamespace(batch_size=8),
+    )
     module._trainer = trainer  # what Lightning attaches: the fields configure_optimizers reads
     built = module.configure_optimizers()
     trainer.lr_scheduler_configs = [SimpleNamespace(scheduler=built["lr_scheduler"]["scheduler"])]
@@ -186,15 +222,18 @@ def test_lr_scaling_scales_onecycles_peak_and_effective_lr_is_that_peak():
     effective_lr said the scaled rate)."""
     from functools import partial
 
-    module, optimizer, scheduler = built_schedule(partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.02,
-                                                          pct_start=0.25),
-                                                  lr_scaling={"reference_lr": 0.08, "reference_batch": 16})
+    module, optimizer, scheduler = built_schedule(
+        partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.02, pct_start=0.25),
+        lr_scaling={"reference_lr": 0.08, "reference_batch": 16},
+    )
     rates = []
     for _ in range(100):
         rates.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    assert max(rates) == pytest.approx(0.04) and module.lr_record["effective_lr"] == pytest.approx(0.04)  # 0.08 x 8 / 16
+    assert max(rates) == pytest.approx(0.04) and module.lr_record["effective_lr"] == pytest.approx(
+        0.04
+    )  # 0.08 x 8 / 16
     assert rates.index(max(rates)) == 24
 
 
@@ -203,7 +242,9 @@ def test_a_loss_term_frozen_at_one_value_is_named_once():
     for step in range(12):
         health.watch_flat_terms({"bbox_regression": 1.0, "classification": 1.0 / (step + 1)}, step)
     [warning] = health.warnings
-    assert warning["term"] == "bbox_regression" and warning["step"] == 4 and "from step 0 to step 4" in warning["message"]
+    assert (
+        warning["term"] == "bbox_regression" and warning["step"] == 4 and "from step 0 to step 4" in warning["message"]
+    )
     assert health.stop_reason is None  # warn is the default
     stopping = StepHealth(HealthConfig(flat_steps=5, on_collapse="stop"))
     for step in range(5):
@@ -212,8 +253,12 @@ def test_a_loss_term_frozen_at_one_value_is_named_once():
 
 
 def test_confident_predictions_need_a_box_of_a_pixel():
-    detections = [{"score": 0.9, "bbox": [0, 0, 5, 5]}, {"score": 0.9, "bbox": [3, 3, 0, 0]},  # zero-area: FCOS keeps them
-                  {"score": 0.9, "bbox": [3, 3, 4, 0.5]}, {"score": 0.2, "bbox": [0, 0, 9, 9]}]
+    detections = [
+        {"score": 0.9, "bbox": [0, 0, 5, 5]},
+        {"score": 0.9, "bbox": [3, 3, 0, 0]},  # zero-area: FCOS keeps them
+        {"score": 0.9, "bbox": [3, 3, 4, 0.5]},
+        {"score": 0.2, "bbox": [0, 0, 9, 9]},
+    ]
     assert confident_count(detections, 0.3) == 1
 
 
@@ -232,13 +277,22 @@ def test_ema_weights_validate_save_and_resume_exactly(tmp_path, synthetic_root):
     the last validation's mAP), the raw weights travel beside it, and a run SIGTERMed at step 8
     (mid-epoch 1) then resumed ends with the uninterrupted run's stream digest, EMA tensors and
     raw weights, bit for bit."""
-    base = small(synthetic_root, "model.ema.decay=0.9", "trainer.max_epochs=2", "trainer.deterministic=true",
-                 "loader=explicit", "loader.num_workers=0")
+    base = small(
+        synthetic_root,
+        "model.ema.decay=0.9",
+        "trainer.max_epochs=2",
+        "trainer.deterministic=true",
+        "loader=explicit",
+        "loader.num_workers=0",
+    )
     whole = run_in_process(base, tmp_path / "whole")  # no signal: this process
     saved = torch.load(whole["last_ckpt"], map_location="cpu", weights_only=True)
     assert {"state_dict", "current_model_state", "averaging_state"} <= set(saved)
-    differs = [k for k, v in saved["state_dict"].items() if v.is_floating_point()
-               and not torch.equal(v, saved["current_model_state"][k])]
+    differs = [
+        k
+        for k, v in saved["state_dict"].items()
+        if v.is_floating_point() and not torch.equal(v, saved["current_model_state"][k])
+    ]
     assert differs  # the average is not the raw weights
     evaluated = run_in_process([*base, "mode=eval", f"ckpt_path={whole['last_ckpt']}"], tmp_path / "eval")
     assert evaluated["map"] == whole["map"]
@@ -260,7 +314,13 @@ def test_a_non_finite_state_is_never_written_over_the_last_checkpoint(tmp_path, 
 
     io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
     io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 4}, path)
-    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "current_model_state": {"bn.running_var": torch.tensor(
-        [1.0, float("nan")])}, "global_step": 5}, path)
+    io.save_checkpoint(
+        {
+            "state_dict": {"w": torch.ones(3)},
+            "current_model_state": {"bn.running_var": torch.tensor([1.0, float("nan")])},
+            "global_step": 5,
+        },
+        path,
+    )
     assert torch.load(path, weights_only=True)["global_step"] == 4  # the finite one stays
     assert "not writing checkpoint" in caplog.text and "bn.running_var" in caplog.text

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import NARROW_MODEL, REPO, run_in_process
 from test_bad_input import make_dataset
 from test_trust import png_bomb
@@ -26,9 +25,11 @@ BOMB_ID = 1  # below every COCO 2017 id: the index sorts by id, so the bomb is i
 def peak_rss(cmd: list[str], cwd: Path = REPO) -> tuple[subprocess.CompletedProcess, int]:
     """Run ``cmd`` under a wrapper; the largest RSS (KiB) of any process the wrapper's tree
     waited for (the command and its DataLoader workers: RUSAGE_CHILDREN), and its output."""
-    wrapper = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-               "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr); "
-               "print('MAXRSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)")
+    wrapper = (
+        "import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+        "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr); "
+        "print('MAXRSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)"
+    )
     proc = subprocess.run([sys.executable, "-c", wrapper, *cmd], cwd=cwd, capture_output=True, text=True, timeout=600)
     lines = proc.stdout.strip().splitlines()
     assert lines and lines[-1].startswith("MAXRSS"), proc.stderr[-3000:]
@@ -49,9 +50,21 @@ def sets(coco_tiny, tmp_path_factory):
     root, data = make_dataset(coco_tiny, base / "ds", n=8)
     clean = {**data}
     png_bomb(root / "images" / "bomb.png")
-    data = {**data, "images": [{"id": BOMB_ID, "file_name": "bomb.png", "height": 480, "width": 640}, *data["images"]],
-            "annotations": [{"id": 1, "image_id": BOMB_ID, "category_id": data["categories"][0]["id"],
-                             "bbox": [10, 10, 100, 100], "area": 1e4, "iscrowd": 0}, *data["annotations"]]}
+    data = {
+        **data,
+        "images": [{"id": BOMB_ID, "file_name": "bomb.png", "height": 480, "width": 640}, *data["images"]],
+        "annotations": [
+            {
+                "id": 1,
+                "image_id": BOMB_ID,
+                "category_id": data["categories"][0]["id"],
+                "bbox": [10, 10, 100, 100],
+                "area": 1e4,
+                "iscrowd": 0,
+            },
+            *data["annotations"],
+        ],
+    }
     (root / "ann.json").write_text(json.dumps(data))
     (root / "clean.json").write_text(json.dumps(clean))
     folders = {}
@@ -64,14 +77,28 @@ def sets(coco_tiny, tmp_path_factory):
             shutil.copy(root / "images" / "bomb.png", folder / "bomb.png")
         folders[name] = folder
     yield {"root": root, "base": base, "folders": folders}
-    shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
+    shutil.rmtree(
+        base, ignore_errors=True
+    )  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
 
 
 def dataset_args(sets, ann: str) -> list[str]:
-    return ["dataset=coco", f"dataset.root={sets['root']}", "dataset.train_images=images", "dataset.val_images=images",
-            f"dataset.train_ann={ann}", f"dataset.val_ann={ann}", "dataset.image_size=320", "dataset.on_bad_sample=skip",
-            "dataset.cache_dir=null", "loader=explicit", "loader.num_workers=1", "loader.batch_size=5", "logger=none",
-            NARROW_MODEL]  # what is measured is the bomb's cost beside the same model's, whatever its width
+    return [
+        "dataset=coco",
+        f"dataset.root={sets['root']}",
+        "dataset.train_images=images",
+        "dataset.val_images=images",
+        f"dataset.train_ann={ann}",
+        f"dataset.val_ann={ann}",
+        "dataset.image_size=320",
+        "dataset.on_bad_sample=skip",
+        "dataset.cache_dir=null",
+        "loader=explicit",
+        "loader.num_workers=1",
+        "loader.batch_size=5",
+        "logger=none",
+        NARROW_MODEL,
+    ]  # what is measured is the bomb's cost beside the same model's, whatever its width
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +108,16 @@ def trained(sets):
     runs = {}
     for name, ann in (("clean", "clean.json"), ("hostile", "ann.json")):
         run_dir = sets["base"] / f"train_{name}"
-        proc, kib = peak_rss([sys.executable, str(REPO / "train.py"), *dataset_args(sets, ann), "trainer.max_epochs=1",
-                              "trainer.num_sanity_val_steps=0", f"hydra.run.dir={run_dir}"])
+        proc, kib = peak_rss(
+            [
+                sys.executable,
+                str(REPO / "train.py"),
+                *dataset_args(sets, ann),
+                "trainer.max_epochs=1",
+                "trainer.num_sanity_val_steps=0",
+                f"hydra.run.dir={run_dir}",
+            ]
+        )
         runs[name] = (summary_of(proc), kib, run_dir)
     return runs
 
@@ -103,8 +138,17 @@ def test_predict_on_a_folder_holding_the_bomb_holds_memory(sets, trained):
     results = {}
     for name, folder in sets["folders"].items():
         run_dir = sets["base"] / f"predict_run_{name}"
-        proc, kib = peak_rss([sys.executable, str(REPO / "train.py"), *dataset_args(sets, "clean.json"), "mode=predict",
-                              f"ckpt_path={ckpt}", f"predict.source={folder}", f"hydra.run.dir={run_dir}"])
+        proc, kib = peak_rss(
+            [
+                sys.executable,
+                str(REPO / "train.py"),
+                *dataset_args(sets, "clean.json"),
+                "mode=predict",
+                f"ckpt_path={ckpt}",
+                f"predict.source={folder}",
+                f"hydra.run.dir={run_dir}",
+            ]
+        )
         results[name] = (summary_of(proc), kib, run_dir)
     (clean, clean_kib, _), (hostile, hostile_kib, run_dir) = results["clean"], results["hostile"]
     assert clean["bad_images"] == 0 and hostile["images"] == 4 and hostile["bad_images"] == 1
@@ -115,8 +159,15 @@ def test_predict_on_a_folder_holding_the_bomb_holds_memory(sets, trained):
 
 
 def test_the_standalone_script_skips_the_bomb_undecoded(sets, trained):
-    e = run_in_process([*dataset_args(sets, "clean.json"), "mode=export", f"ckpt_path={trained['hostile'][0]['last_ckpt']}",
-                        "export.format=torchscript"], sets["base"] / "export")
+    e = run_in_process(
+        [
+            *dataset_args(sets, "clean.json"),
+            "mode=export",
+            f"ckpt_path={trained['hostile'][0]['last_ckpt']}",
+            "export.format=torchscript",
+        ],
+        sets["base"] / "export",
+    )
     script, model = e["predict_script"], e["model_file"]
     outputs = {}
     for name, folder in sets["folders"].items():
@@ -132,6 +183,11 @@ def test_the_standalone_script_skips_the_bomb_undecoded(sets, trained):
     assert hostile_kib <= 1.5 * clean_kib, (hostile_kib, clean_kib)
     # The limit is the user's to raise: a lower one skips the real images too, by their headers.
     low = sorted(str(p) for p in sets["folders"]["clean"].iterdir())
-    proc = subprocess.run([sys.executable, script, "--model", model, "--max-image-pixels", "1000", *low],
-                          capture_output=True, text=True, timeout=300, cwd=Path(script).parent)
+    proc = subprocess.run(
+        [sys.executable, script, "--model", model, "--max-image-pixels", "1000", *low],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(script).parent,
+    )
     assert proc.returncode == 0 and json.loads(proc.stdout) == [] and proc.stderr.count("skipped") == len(low)

@@ -15,8 +15,11 @@ from cocodet.datasets.index_cache import cached_index
 
 
 def same(a, b) -> bool:
-    return all(np.array_equal(np.asarray(getattr(a, n)), np.asarray(getattr(b, n))) for n in index_cache.ARRAYS) and \
-        a.category_names == b.category_names and a.dropped == b.dropped
+    return (
+        all(np.array_equal(np.asarray(getattr(a, n)), np.asarray(getattr(b, n))) for n in index_cache.ARRAYS)
+        and a.category_names == b.category_names
+        and a.dropped == b.dropped
+    )
 
 
 def test_second_load_comes_from_the_cache_memory_mapped(coco_tiny, tmp_path, monkeypatch):

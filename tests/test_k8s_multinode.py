@@ -11,7 +11,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
 from conftest import REPO, run_in_process
 from test_container import kubernetes_validate
 from test_ddp import TORCHRUN_FLAGS, node_overrides
@@ -30,8 +29,10 @@ def jobset() -> dict:
 
 def job_specs() -> dict[str, dict]:
     """{manifest: its Job's spec}: the JobSet's one replicated Job, and the Indexed Job."""
-    return {"jobset.yaml": jobset()["spec"]["replicatedJobs"][0]["template"]["spec"],
-            "indexed-job.yaml": documents("indexed-job.yaml")["Job"]["spec"]}
+    return {
+        "jobset.yaml": jobset()["spec"]["replicatedJobs"][0]["template"]["spec"],
+        "indexed-job.yaml": documents("indexed-job.yaml")["Job"]["spec"],
+    }
 
 
 def container(spec: dict) -> dict:
@@ -44,7 +45,7 @@ def flags(args: list[str]) -> dict[str, str]:
 
 
 def overrides(args: list[str]) -> dict[str, str]:
-    return dict(a.split("=", 1) for a in args[args.index("/app/train.py") + 1:])
+    return dict(a.split("=", 1) for a in args[args.index("/app/train.py") + 1 :])
 
 
 def test_the_jobsets_own_fields_follow_the_jobset_api():
@@ -57,7 +58,12 @@ def test_the_jobsets_own_fields_follow_the_jobset_api():
 
 def test_the_jobsets_job_template_validates_as_a_kubernetes_job(tmp_path):
     template = jobset()["spec"]["replicatedJobs"][0]["template"]
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "cocodet-multinode-node-0"}, "spec": template["spec"]}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "cocodet-multinode-node-0"},
+        "spec": template["spec"],
+    }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     proc = kubernetes_validate(tmp_path / "job.yaml")
     assert proc.returncode == 0 and "passed" in proc.stdout, proc.stdout + proc.stderr
@@ -65,7 +71,13 @@ def test_the_jobsets_job_template_validates_as_a_kubernetes_job(tmp_path):
 
 def torchrun_command_tested() -> tuple[dict[str, str], dict[str, str]]:
     """The torchrun flags and train.py overrides of test_ddp's two-agent runs (the endpoint and id: placeholders)."""
-    tested = [*TORCHRUN_FLAGS, "--rdzv-endpoint=HOST:PORT", "--rdzv-id=ID", "/app/train.py", *node_overrides(Path("/data"))]
+    tested = [
+        *TORCHRUN_FLAGS,
+        "--rdzv-endpoint=HOST:PORT",
+        "--rdzv-id=ID",
+        "/app/train.py",
+        *node_overrides(Path("/data")),
+    ]
     return flags(tested), overrides(tested)
 
 
@@ -79,15 +91,21 @@ def test_the_manifests_run_the_torchrun_command_the_tests_run(manifest):
     nodes, per_node = int(theirs["--nnodes"]), int(theirs["--nproc-per-node"])
     assert nodes == spec["completions"] == spec["parallelism"] == int(ours["--nnodes"])
     args, tested = overrides(c["args"]), torchrun_command_tested()[1]
-    trainer_keys = {k for k in tested if k.startswith("trainer.")} - {"trainer.max_epochs", "trainer.enable_progress_bar"}
+    trainer_keys = {k for k in tested if k.startswith("trainer.")} - {
+        "trainer.max_epochs",
+        "trainer.enable_progress_bar",
+    }
     assert trainer_keys <= args.keys() and int(args["trainer.num_nodes"]) == nodes
     assert int(args["trainer.devices"]) == per_node == int(c["resources"]["limits"]["nvidia.com/gpu"])
     assert (args["trainer"], tested["trainer"]) == ("ddp", "ddp_cpu")  # the GPU group and its CPU twin
     assert "ckpt_path" not in args and "ckpt_path" not in tested  # under torchrun none means last_if_any
     assert c["command"][-1].endswith("/torchrun") and "/app/train.py" in c["args"]
     # Pod 0's stable name: JobSet's <jobset>-<replicatedJob>-0-0.<subdomain>, the Job's <job>-0.<service>
-    pod0 = ("cocodet-multinode-node-0-0.cocodet-multinode" if manifest == "jobset.yaml"
-            else "cocodet-multinode-0." + spec["template"]["spec"]["subdomain"])
+    pod0 = (
+        "cocodet-multinode-node-0-0.cocodet-multinode"
+        if manifest == "jobset.yaml"
+        else "cocodet-multinode-0." + spec["template"]["spec"]["subdomain"]
+    )
     host, port = theirs["--rdzv-endpoint"].rsplit(":", 1)
     assert host == pod0 and {"containerPort": int(port), "name": "rendezvous"} in c["ports"]
 
@@ -124,11 +142,18 @@ def test_the_pods_are_sized_by_mode_plan(manifest, coco_tiny, tmp_path):
     CPUs and /dev/shm a pod asks for: the manifest asks for at least that."""
     spec = job_specs()[manifest]
     c = container(spec)
-    args = {**overrides(c["args"]), "dataset.root": str(coco_tiny), "trainer.accelerator": "cpu",
-            "loader": "explicit", "loader.num_workers": "8"}
+    args = {
+        **overrides(c["args"]),
+        "dataset.root": str(coco_tiny),
+        "trainer.accelerator": "cpu",
+        "loader": "explicit",
+        "loader.num_workers": "8",
+    }
     args.pop("hydra.run.dir")
     s = run_in_process([f"{k}={v}" for k, v in args.items()] + ["mode=plan"], tmp_path / "plan")
     assert s["pod"]["local_ranks"] == int(args["trainer.devices"])
     shm = next(v for v in spec["template"]["spec"]["volumes"] if v["name"] == "dshm")["emptyDir"]
-    assert shm["medium"] == "Memory" and int(shm["sizeLimit"].removesuffix("Mi")) >= int(s["pod"]["shm_size_limit"].removesuffix("Mi"))
+    assert shm["medium"] == "Memory" and int(shm["sizeLimit"].removesuffix("Mi")) >= int(
+        s["pod"]["shm_size_limit"].removesuffix("Mi")
+    )
     assert int(c["resources"]["requests"]["cpu"]) >= s["pod"]["cpu"]

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
 
 SRC = REPO / "src" / "cocodet"
@@ -31,43 +30,120 @@ SRC = REPO / "src" / "cocodet"
 REEXPORTS: set[str] = set()
 # Every cocodet class or function a shipped YAML named as _target_ before the re-layout, and
 # those named since that still live where they were.
-OLD_TARGETS = ["cocodet.bench.callback.LoaderTimingCallback", "cocodet.data.augment.Basic",
-               "cocodet.data.augment.Letterbox", "cocodet.data.augment.Mosaic",
-               "cocodet.data.datamodule.CocoDataModule", "cocodet.models.detector.DetectorModule",
-               "cocodet.models.preemption.PreemptionCheckpoint", "cocodet.models.zoo.build_detector",
-               "cocodet.data.reference_presets.HFlip", "cocodet.data.reference_presets.MultiScale",
-               "cocodet.data.reference_presets.LargeScaleJitter", "cocodet.data.ssd_presets.SingleShotPreset",
-               "cocodet.datamodule.CocoDataModule"]
+OLD_TARGETS = [
+    "cocodet.bench.callback.LoaderTimingCallback",
+    "cocodet.data.augment.Basic",
+    "cocodet.data.augment.Letterbox",
+    "cocodet.data.augment.Mosaic",
+    "cocodet.data.datamodule.CocoDataModule",
+    "cocodet.models.detector.DetectorModule",
+    "cocodet.models.preemption.PreemptionCheckpoint",
+    "cocodet.models.zoo.build_detector",
+    "cocodet.data.reference_presets.HFlip",
+    "cocodet.data.reference_presets.MultiScale",
+    "cocodet.data.reference_presets.LargeScaleJitter",
+    "cocodet.data.ssd_presets.SingleShotPreset",
+    "cocodet.datamodule.CocoDataModule",
+]
 # The index package's public names before it was renamed coco/ -> datasets/.
-OLD_DATASETS_TARGETS = [f"cocodet.coco.{module}.{name}" for module, names in {
-    "index": ("CocoIndex", "DatasetConfigError", "build_index", "load_coco_json", "resolve_inside", "remote_inside"),
-    "index_cache": ("cached_index", "through_cache", "index_key"), "splits": ("annotation_file",),
-    "bad_samples": ("BadSampleLedger", "skip_record", "append_records"), "synthetic": ("ensure_synthetic",),
-    "yolo_index": ("yolo_splits", "split_index", "list_images", "files_key", "image_ids", "build_split_index",
-                   "write_ground_truth"),
-    "yolo_labels": ("Labels", "label_path", "read_labels"),
-    "yolo_yaml": ("YoloLayout", "resolve", "parent", "find_data_yaml", "read_data_yaml")}.items() for name in names]
+OLD_DATASETS_TARGETS = [
+    f"cocodet.coco.{module}.{name}"
+    for module, names in {
+        "index": (
+            "CocoIndex",
+            "DatasetConfigError",
+            "build_index",
+            "load_coco_json",
+            "resolve_inside",
+            "remote_inside",
+        ),
+        "index_cache": ("cached_index", "through_cache", "index_key"),
+        "splits": ("annotation_file",),
+        "bad_samples": ("BadSampleLedger", "skip_record", "append_records"),
+        "synthetic": ("ensure_synthetic",),
+        "yolo_index": (
+            "yolo_splits",
+            "split_index",
+            "list_images",
+            "files_key",
+            "image_ids",
+            "build_split_index",
+            "write_ground_truth",
+        ),
+        "yolo_labels": ("Labels", "label_path", "read_labels"),
+        "yolo_yaml": ("YoloLayout", "resolve", "parent", "find_data_yaml", "read_data_yaml"),
+    }.items()
+    for name in names
+]
 OLD_TARGETS += OLD_DATASETS_TARGETS
 # The loader's public names before it was split into plan/ (no torch) and failures/.
-OLD_LOADER_TARGETS = [f"cocodet.loader.{module}.{name}" for module, names in {
-    "plan_record": ("WorkerCap", "ShmCheck", "Budget", "LoaderDraft", "Window", "LoaderRequest", "RecipeShape",
-                    "BatchGeometry", "LoaderPlan"),
-    "plan_table": ("shm_split_text", "side_text", "plan_table"),
-    "plan_reasons": ("explain", "shm_size_for", "cpu_reason", "no_shm_reason", "shm_reason", "in_parts", "in_process",
-                     "memory_reason", "over_cpus", "over_shm", "over_memory", "near_nofile", "near_max_map_count",
-                     "window_note"),
-    "budget": ("shm_budget", "host_budget", "loader_draft", "parts_that_fit", "memory_limit", "worker_memory",
-               "inflight_fds", "explicit_part_images", "decide_workers", "window_cache", "finished_plan"),
-    "policy": ("plan_loader",), "pod_requests": ("pod_requests", "pod_requests_text"),
-    "resources": ("HostResources", "shm_space", "probe", "raise_nofile_limit"),
-    "window_plan": ("slot_pixels", "slot_bytes", "window_slots"), "flat_layout": ("round_up", "batch_bytes", "batch_geometry"),
-    "worker_request": ("loader_request", "worker_request"),
-    "diagnose": ("LoaderFailure", "full_disk_path", "classify", "worker_signals", "failure_kind", "explain",
-                 "explained_loader_failures"),
-    "replan": ("default_on_failure", "next_rung", "describe", "Replanner"),
-    "hang": ("LoaderTimeout", "stacks_dir", "register_stack_dump", "worker_stacks", "watchdog"),
-    "worker_deaths": ("WorkerDied", "dead_worker_error", "fetching"), "worker_shutdown": ("shut_down_workers",),
-    "flat_batch": ("PartJoiner",)}.items() for name in names]
+OLD_LOADER_TARGETS = [
+    f"cocodet.loader.{module}.{name}"
+    for module, names in {
+        "plan_record": (
+            "WorkerCap",
+            "ShmCheck",
+            "Budget",
+            "LoaderDraft",
+            "Window",
+            "LoaderRequest",
+            "RecipeShape",
+            "BatchGeometry",
+            "LoaderPlan",
+        ),
+        "plan_table": ("shm_split_text", "side_text", "plan_table"),
+        "plan_reasons": (
+            "explain",
+            "shm_size_for",
+            "cpu_reason",
+            "no_shm_reason",
+            "shm_reason",
+            "in_parts",
+            "in_process",
+            "memory_reason",
+            "over_cpus",
+            "over_shm",
+            "over_memory",
+            "near_nofile",
+            "near_max_map_count",
+            "window_note",
+        ),
+        "budget": (
+            "shm_budget",
+            "host_budget",
+            "loader_draft",
+            "parts_that_fit",
+            "memory_limit",
+            "worker_memory",
+            "inflight_fds",
+            "explicit_part_images",
+            "decide_workers",
+            "window_cache",
+            "finished_plan",
+        ),
+        "policy": ("plan_loader",),
+        "pod_requests": ("pod_requests", "pod_requests_text"),
+        "resources": ("HostResources", "shm_space", "probe", "raise_nofile_limit"),
+        "window_plan": ("slot_pixels", "slot_bytes", "window_slots"),
+        "flat_layout": ("round_up", "batch_bytes", "batch_geometry"),
+        "worker_request": ("loader_request", "worker_request"),
+        "diagnose": (
+            "LoaderFailure",
+            "full_disk_path",
+            "classify",
+            "worker_signals",
+            "failure_kind",
+            "explain",
+            "explained_loader_failures",
+        ),
+        "replan": ("default_on_failure", "next_rung", "describe", "Replanner"),
+        "hang": ("LoaderTimeout", "stacks_dir", "register_stack_dump", "worker_stacks", "watchdog"),
+        "worker_deaths": ("WorkerDied", "dead_worker_error", "fetching"),
+        "worker_shutdown": ("shut_down_workers",),
+        "flat_batch": ("PartJoiner",),
+    }.items()
+    for name in names
+]
 OLD_TARGETS += OLD_LOADER_TARGETS
 BOTTOM = {"errors", "sample", "ranks"}
 # What each data-side package and the loader may import (besides itself), transitively.
@@ -200,8 +276,11 @@ def test_the_circle_check_catches_a_planted_circle():
 
 
 def long_modules(root: Path) -> list[str]:
-    return [f"{p.relative_to(root)}: {n} lines" for p in sorted(root.rglob("*.py"))
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    return [
+        f"{p.relative_to(root)}: {n} lines"
+        for p in sorted(root.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
 
 
 def test_no_module_is_over_300_lines(tmp_path):
@@ -221,8 +300,10 @@ def test_no_package_holds_more_than_a_quarter_of_src():
 
 def heavy_imports(modules: list[str], path: Path | None = None) -> set[str]:
     """The heavy libraries importing ``modules`` pulls in, in a fresh interpreter."""
-    code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cv2', 'torchvision', 'lightning'}))")
+    code = (
+        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cv2', 'torchvision', 'lightning'}))"
+    )
     env = {**__import__("os").environ, "PYTHONPATH": str(path)} if path else None
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -240,8 +321,13 @@ def config_tree_readers(src: Path, packages=SPEC_ONLY) -> list[str]:
     for package in packages:
         for path in sorted((src / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
                 if any(n.split(".")[0] in ("omegaconf", "hydra") for n in names):
                     found.append(str(path.relative_to(src)))
     return sorted(set(found))
@@ -259,7 +345,9 @@ def test_the_dataset_only_maps():
     modules of their own, and nothing asks a sample key what type its fields are."""
     text = (SRC / "data" / "dataset.py").read_text()
     assert len(text.splitlines()) <= 160
-    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "isinstance"]
+    calls = [
+        n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "isinstance"
+    ]
     assert [ast.unparse(c.args[0]) for c in calls] == ["keys"], "isinstance only on the batch's BatchKeys"
 
 
@@ -279,11 +367,15 @@ def test_the_loader_plan_imports_no_torch_and_holds_what_the_plan_mode_needs(gra
     import torch, so the plan mode's own imports of the loader stay inside plan/."""
     plan = sorted(module_name(p) for p in (SRC / "loader" / "plan").glob("*.py"))
     assert len(plan) >= 10 and heavy_imports(plan) == set()
-    top = [n.module for n in ast.parse((SRC / "modes" / "plan.py").read_text()).body
-           if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("cocodet.loader")]
+    top = [
+        n.module
+        for n in ast.parse((SRC / "modes" / "plan.py").read_text()).body
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("cocodet.loader")
+    ]
     assert top and all(m.startswith("cocodet.loader.plan.") for m in top), top
-    assert all(d.startswith("cocodet.loader.plan.") for m in plan for d in closure(graph, m, set())
-               if unit(d) == "loader"), "loader/plan/ imports only itself of the loader"
+    assert all(
+        d.startswith("cocodet.loader.plan.") for m in plan for d in closure(graph, m, set()) if unit(d) == "loader"
+    ), "loader/plan/ imports only itself of the loader"
 
 
 def test_bottom_layer_imports_nothing_of_cocodet(graph):
@@ -311,9 +403,11 @@ def test_old_target_paths_still_resolve(target):
 def test_an_old_target_is_mapped_with_one_warning_naming_the_new_path(caplog):
     from cocodet import compat
 
-    tree = {"augment": {"_target_": "cocodet.data.augment.Mosaic"},
-            "callbacks": {"timing": {"_target_": "cocodet.bench.callback.LoaderTimingCallback"}},
-            "model": {"_target_": "cocodet.models.detector.DetectorModule"}}
+    tree = {
+        "augment": {"_target_": "cocodet.data.augment.Mosaic"},
+        "callbacks": {"timing": {"_target_": "cocodet.bench.callback.LoaderTimingCallback"}},
+        "model": {"_target_": "cocodet.models.detector.DetectorModule"},
+    }
     compat._warned.clear()
     with caplog.at_level("WARNING", logger="cocodet.compat"):
         assert compat.current_targets(tree) == ["augment._target_", "callbacks.timing._target_"]
@@ -357,17 +451,35 @@ def test_each_old_loader_path_is_mapped_with_one_warning_naming_the_new_path(cap
 
 
 def test_a_run_with_an_old_target_path_runs_and_says_the_new_one(tmp_path):
-    proc = subprocess.run([sys.executable, "train.py", "mode=plan", "augment._target_=cocodet.data.augment.Mosaic",
-                           f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "mode=plan",
+            "augment._target_=cocodet.data.augment.Mosaic",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    warned = [line for line in (proc.stdout + proc.stderr).splitlines() if "is an old path" in line]  # Hydra's log: stdout
+    warned = [
+        line for line in (proc.stdout + proc.stderr).splitlines() if "is an old path" in line
+    ]  # Hydra's log: stdout
     assert len(warned) == 1 and "cocodet.transforms.augment.Mosaic" in warned[0], proc.stdout[-2000:]
 
 
-OLD_RECIPE_PATHS = {"hflip": "cocodet.data.reference_presets.HFlip", "multiscale": "cocodet.data.reference_presets.MultiScale",
-                    "lsj": "cocodet.data.reference_presets.LargeScaleJitter", "ssd": "cocodet.data.ssd_presets.SingleShotPreset",
-                    "mosaic": "cocodet.data.augment.Mosaic", "basic": "cocodet.data.augment.Basic",
-                    "none": "cocodet.data.augment.Letterbox"}
+OLD_RECIPE_PATHS = {
+    "hflip": "cocodet.data.reference_presets.HFlip",
+    "multiscale": "cocodet.data.reference_presets.MultiScale",
+    "lsj": "cocodet.data.reference_presets.LargeScaleJitter",
+    "ssd": "cocodet.data.ssd_presets.SingleShotPreset",
+    "mosaic": "cocodet.data.augment.Mosaic",
+    "basic": "cocodet.data.augment.Basic",
+    "none": "cocodet.data.augment.Letterbox",
+}
 
 
 @pytest.mark.parametrize("augment", sorted(OLD_RECIPE_PATHS))
@@ -378,16 +490,29 @@ def test_a_recipe_named_by_its_old_path_is_sized_as_by_its_new_one(augment):
 
     from cocodet.run_spec.read import read_spec
 
-    model = ["model=ssd300_vgg16"] if augment == "ssd" else ["model=fasterrcnn_resnet50_fpn"] if augment != "mosaic" else []
+    model = (
+        ["model=ssd300_vgg16"] if augment == "ssd" else ["model=fasterrcnn_resnet50_fpn"] if augment != "mosaic" else []
+    )
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        new = compose(config_name="config", overrides=[f"augment={augment}", "loader.group_aspect_ratio=2", *model,
-                                                       "output_dir=unused"])
-        old = compose(config_name="config", overrides=[f"augment={augment}", "loader.group_aspect_ratio=2", *model,
-                                                       f"augment._target_={OLD_RECIPE_PATHS[augment]}", "output_dir=unused"])
+        new = compose(
+            config_name="config",
+            overrides=[f"augment={augment}", "loader.group_aspect_ratio=2", *model, "output_dir=unused"],
+        )
+        old = compose(
+            config_name="config",
+            overrides=[
+                f"augment={augment}",
+                "loader.group_aspect_ratio=2",
+                *model,
+                f"augment._target_={OLD_RECIPE_PATHS[augment]}",
+                "output_dir=unused",
+            ],
+        )
     assert old.augment._target_ != new.augment._target_
     old, new = read_spec(old), read_spec(new)
-    assert (old.recipe.resizes_as_model == new.recipe.resizes_as_model
-            == (augment in ("hflip", "multiscale", "lsj", "ssd")))
+    assert (
+        old.recipe.resizes_as_model == new.recipe.resizes_as_model == (augment in ("hflip", "multiscale", "lsj", "ssd"))
+    )
     assert old.loader.batches == new.loader.batches
     assert old.dataset.get("keep_empty") == new.dataset.get("keep_empty")
 
@@ -428,13 +553,13 @@ def test_a_training_run_imports_nothing_from_bench(tmp_path, synthetic_root):
     """_target_ imports made by configs at run time are invisible to the source graph."""
     from conftest import synthetic_overrides
 
+    conf, overrides = str(REPO / "conf"), [*synthetic_overrides(synthetic_root), "debug=fast", f"output_dir={tmp_path}"]
     script = textwrap.dedent(f"""
         import sys
         from hydra import compose, initialize_config_dir
         from cocodet.app import run
-        with initialize_config_dir(config_dir={str(REPO / 'conf')!r}, version_base="1.3"):
-            cfg = compose(config_name="config", overrides={[*synthetic_overrides(synthetic_root), 'debug=fast',
-                                                           f'output_dir={tmp_path}']!r})
+        with initialize_config_dir(config_dir={conf!r}, version_base="1.3"):
+            cfg = compose(config_name="config", overrides={overrides!r})
         summary = run(cfg)
         assert summary["steps"] == 1
         print("BENCH_MODULES", sorted(m for m in sys.modules if m.startswith("cocodet.bench")))
@@ -449,11 +574,23 @@ def test_plan_mode_imports_neither_torch_nor_lightning(tmp_path, synthetic_root)
     """README promises mode=plan answers in about a second: the whole path, summary included."""
     from conftest import synthetic_overrides
 
-    proc = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = sys.argv[1:]; "
-                           "import atexit; atexit.register(lambda: print('HEAVY', sorted({m.split('.')[0] for m in "
-                           "sys.modules} & {'torch', 'lightning', 'torchvision', 'pytorch_lightning'})))\n"
-                           "runpy.run_path(sys.argv[0], run_name='__main__')",
-                           str(REPO / "train.py"), *synthetic_overrides(synthetic_root), "mode=plan",
-                           f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import runpy, sys; sys.argv = sys.argv[1:]; "
+            "import atexit; atexit.register(lambda: print('HEAVY', sorted({m.split('.')[0] for m in "
+            "sys.modules} & {'torch', 'lightning', 'torchvision', 'pytorch_lightning'})))\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')",
+            str(REPO / "train.py"),
+            *synthetic_overrides(synthetic_root),
+            "mode=plan",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert '"mode": "plan"' in proc.stdout and "HEAVY []" in proc.stdout, proc.stdout[-500:]

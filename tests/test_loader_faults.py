@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import NARROW_MODEL, REPO, is_root, run_in_process, run_train, synthetic_overrides
 
 MB64 = 64 * 1024 * 1024
@@ -22,8 +21,16 @@ needs_root = pytest.mark.skipif(not is_root() or not shutil.which("unshare"), re
 
 def shm_namespace(size: str = "64m") -> list[str]:
     """Prefix: run the command in a private mount namespace with a tmpfs of ``size`` on /dev/shm."""
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
-            f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"', "sh"]
+    return [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"',
+        "sh",
+    ]
 
 
 def coco640(coco_tiny, batch: int = 64) -> list[str]:
@@ -61,9 +68,14 @@ def test_auto_training_in_64mb_shm_validates_without_running_out(coco_tiny, tmp_
     across epochs): the parts they hold together still fit, validation included, with no
     re-plan. A joined part once stayed referenced while its batch was out, 9.4 MiB more per
     loader, and the second validation ran out of shm."""
-    args = [*coco640(coco_tiny), "+model.detector.min_size=64", "+model.detector.max_size=64", NARROW_MODEL,
-            "trainer.max_epochs=3",
-            "trainer.enable_progress_bar=false"]
+    args = [
+        *coco640(coco_tiny),
+        "+model.detector.min_size=64",
+        "+model.detector.max_size=64",
+        NARROW_MODEL,
+        "trainer.max_epochs=3",
+        "trainer.enable_progress_bar=false",
+    ]
     _, s = run_train(args, tmp_path / "run", prefix=shm_namespace(), timeout=900)
     assert s["status"] == "completed" and s["steps"] == 6 and s["plan"]["part_images"]
     assert s["replans"] == [] and s["on_failure"] == "replan"
@@ -75,11 +87,21 @@ def test_replan_in_64mb_shm_leaves_room_for_validation(coco_tiny, tmp_path):
     """Explicit 2 workers at prefetch 4 overcommit a 64 MB /dev/shm: one re-plan, against the
     budget train and val share, and validation then runs on its own worker without a second.
     Planned for the train loader alone, validation found 7.5 MiB free and died of shm too."""
-    args = [*coco640(coco_tiny, batch=16), NARROW_MODEL, "loader=explicit", "loader.num_workers=2",
-            "loader.prefetch_factor=4",
-            "loader.on_failure=replan", "+model.detector.min_size=128", "+model.detector.max_size=128",
-            "trainer.max_epochs=2", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
-            "trainer.enable_progress_bar=false", "callbacks.prediction_grid.images=2"]
+    args = [
+        *coco640(coco_tiny, batch=16),
+        NARROW_MODEL,
+        "loader=explicit",
+        "loader.num_workers=2",
+        "loader.prefetch_factor=4",
+        "loader.on_failure=replan",
+        "+model.detector.min_size=128",
+        "+model.detector.max_size=128",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=2",
+        "trainer.enable_progress_bar=false",
+        "callbacks.prediction_grid.images=2",
+    ]
     _, s = run_train(args, tmp_path / "run", prefix=shm_namespace(), timeout=900)
     assert s["status"] == "completed" and s["steps"] == 6
     assert len(s["replans"]) == 1, s["replans"]
@@ -94,8 +116,16 @@ def test_replan_in_64mb_shm_leaves_room_for_validation(coco_tiny, tmp_path):
 def test_explicit_overcommit_warns_then_fails_with_shm_diagnosis(coco_tiny, tmp_path):
     """A 16 MB /dev/shm is smaller than one batch (64 x 640 px, 75 MiB): the first batch a
     worker ships cannot fit, so the failure is certain, never a matter of timing."""
-    args = [*coco640(coco_tiny), "mode=bench", "loader=explicit", "loader.num_workers=2", "loader.prefetch_factor=2",
-            "bench.batches=3", "bench.warmup=0", "bench.decode_probe=0"]
+    args = [
+        *coco640(coco_tiny),
+        "mode=bench",
+        "loader=explicit",
+        "loader.num_workers=2",
+        "loader.prefetch_factor=2",
+        "bench.batches=3",
+        "bench.warmup=0",
+        "bench.decode_probe=0",
+    ]
     proc, s = run_train(args, tmp_path / "x", prefix=shm_namespace("16m"), check=False, timeout=900)
     out = proc.stdout + proc.stderr
     warn_at = out.find("expect 'Bus error'")
@@ -154,18 +184,27 @@ def test_host_without_shm_is_not_capped(tmp_path, synthetic_root, caplog):
 @pytest.mark.parametrize("sig,expected", [(signal.SIGKILL, "memory"), (signal.SIGBUS, "/dev/shm ran out")])
 def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
     """A worker killed mid-epoch ends the loop with the diagnosis, not a bare 'exited unexpectedly'."""
-    from cocodet.transforms.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
     from cocodet.loader.failures.diagnose import LoaderFailure, explained_loader_failures
-    from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
     from cocodet.loader.plan.policy import plan_loader
+    from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
     from cocodet.loader.plan.resources import probe
+    from cocodet.transforms.augment import Mosaic
 
     root = synthetic_root
     plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(2, 1 << 20), probe(), cuda=False)
-    dm = CocoDataModule(root=str(root), train_images="train", train_ann="annotations/instances_train.json",
-                        val_images="val", val_ann="annotations/instances_val.json", image_size=64, recipe=Mosaic(64),
-                        batch_size=2, seed=0, plan=plan)
+    dm = CocoDataModule(
+        root=str(root),
+        train_images="train",
+        train_ann="annotations/instances_train.json",
+        val_images="val",
+        val_ann="annotations/instances_val.json",
+        image_size=64,
+        recipe=Mosaic(64),
+        batch_size=2,
+        seed=0,
+        plan=plan,
+    )
     dm.setup()
     loader = dm.train_dataloader()
     try:
@@ -188,9 +227,28 @@ def test_dead_worker_is_explained(sig, expected, synthetic_root, tmp_path):
 
 @pytest.mark.slow
 def test_flat_batch_survives_256_fds_where_list_of_dicts_does_not():
-    cmd = ["prlimit", "--nofile=256:", sys.executable, str(REPO / "benchmarks" / "bench_transport.py"), "--json",
-           "--batches", "64", "--size", "96", "--workers", "4", "--prefetch", "4", "--steps", "50",
-           "--layouts", "flat_batch", "list_of_dicts", "--timeout", "20"]
+    cmd = [
+        "prlimit",
+        "--nofile=256:",
+        sys.executable,
+        str(REPO / "benchmarks" / "bench_transport.py"),
+        "--json",
+        "--batches",
+        "64",
+        "--size",
+        "96",
+        "--workers",
+        "4",
+        "--prefetch",
+        "4",
+        "--steps",
+        "50",
+        "--layouts",
+        "flat_batch",
+        "list_of_dicts",
+        "--timeout",
+        "20",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json

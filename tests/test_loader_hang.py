@@ -9,10 +9,11 @@ import shutil
 import time
 
 import pytest
-
 from conftest import run_train, synthetic_overrides
 
-pytestmark = pytest.mark.slow  # it sleeps on a FIFO for loader.timeout: the 60 s bound leaves 50 s for start-up under load
+pytestmark = (
+    pytest.mark.slow
+)  # it sleeps on a FIFO for loader.timeout: the 60 s bound leaves 50 s for start-up under load
 
 # Seconds the blocked read waits: each of them leaves one of the suite's two cores idle. The
 # first batch meets a FIFO whatever the timeout (a forked worker reaches it well within a second).
@@ -31,8 +32,16 @@ def fifo_root(synthetic_root, tmp_path_factory):
 
 @pytest.mark.parametrize("workers", [1, 0])
 def test_blocking_read_ends_in_loader_failure_with_its_stack(fifo_root, tmp_path, workers):
-    args = [*synthetic_overrides(fifo_root), "mode=bench", "loader=explicit", f"loader.num_workers={workers}",
-            f"loader.timeout={TIMEOUT_S}", "bench.batches=5", "bench.warmup=0", "bench.decode_probe=0"]
+    args = [
+        *synthetic_overrides(fifo_root),
+        "mode=bench",
+        "loader=explicit",
+        f"loader.num_workers={workers}",
+        f"loader.timeout={TIMEOUT_S}",
+        "bench.batches=5",
+        "bench.warmup=0",
+        "bench.decode_probe=0",
+    ]
     started = time.monotonic()
     proc, _ = run_train(args, tmp_path / f"w{workers}", check=False, timeout=120)
     elapsed = time.monotonic() - started

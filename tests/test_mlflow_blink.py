@@ -18,7 +18,6 @@ import time
 
 import mlflow  # noqa: F401  (pinned in requirements.txt: missing, it fails here, never skips)
 import pytest
-
 from conftest import REPO, synthetic_overrides
 from mlflow_server import MlflowServer
 
@@ -76,8 +75,13 @@ def test_a_run_whose_server_never_came_back_is_replayed_once(server, tmp_path):
     assert client.get_run(run.run_id).info.status == "RUNNING"  # what the blink left before issue 70
 
     def replay() -> dict:
-        proc = subprocess.run([sys.executable, "-m", "cocodet.tracking", "replay", str(tmp_path / "run")],
-                              capture_output=True, text=True, timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+        proc = subprocess.run(
+            [sys.executable, "-m", "cocodet.tracking", "replay", str(tmp_path / "run")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -111,8 +115,13 @@ def test_a_run_the_server_never_saw_is_created_by_the_replay_once(tmp_path):
         env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri}
         outs = []
         for _ in range(2):
-            proc = subprocess.run([sys.executable, "-m", "cocodet.tracking", "replay", str(tmp_path / "run")],
-                                  capture_output=True, text=True, timeout=120, env=env)
+            proc = subprocess.run(
+                [sys.executable, "-m", "cocodet.tracking", "replay", str(tmp_path / "run")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+            )
             assert proc.returncode == 0, proc.stderr[-2000:]
             outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         assert outs[0]["created"] and not outs[1]["created"] and outs[0]["run_id"] == outs[1]["run_id"]
@@ -131,12 +140,25 @@ def test_a_training_run_whose_server_restarts_ends_finished_with_every_step(serv
     at step 4 (a test callback) until the server answers again, so that it outlasts the outage.
     The run ends FINISHED, every step's loss sent once, in the order it was logged."""
     run_dir = tmp_path / "run"
-    args = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=8",
-            "model.detector.fpn_channels=64", "trainer.enable_progress_bar=false", "trainer.max_epochs=1",
-            "trainer.log_every_n_steps=1", "model.eval_max_images=8", "callbacks.prediction_grid.images=2",
-            "logger=mlflow", "+callbacks.kill_at._target_=signal_at_step.KillGroupAtStep", "+callbacks.kill_at.step=2",
-            f"+callbacks.kill_at.pgid={server.proc.pid}", "+callbacks.pause._target_=signal_at_step.PauseAtStep",
-            "+callbacks.pause.step=4", "+callbacks.pause.seconds=300", f"+callbacks.pause.until={tmp_path / 'back'}"]
+    args = [
+        *synthetic_overrides(synthetic_root),
+        "dataset.image_size=64",
+        "loader.batch_size=8",
+        "model.detector.fpn_channels=64",
+        "trainer.enable_progress_bar=false",
+        "trainer.max_epochs=1",
+        "trainer.log_every_n_steps=1",
+        "model.eval_max_images=8",
+        "callbacks.prediction_grid.images=2",
+        "logger=mlflow",
+        "+callbacks.kill_at._target_=signal_at_step.KillGroupAtStep",
+        "+callbacks.kill_at.step=2",
+        f"+callbacks.kill_at.pgid={server.proc.pid}",
+        "+callbacks.pause._target_=signal_at_step.PauseAtStep",
+        "+callbacks.pause.step=4",
+        "+callbacks.pause.seconds=300",
+        f"+callbacks.pause.until={tmp_path / 'back'}",
+    ]
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "PYTHONPATH": str(REPO / "tests")}
     cmd = [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 from mlflow_server import MlflowServer
 from mlflow_sweep import children_of, run_sweep
@@ -43,9 +42,14 @@ def test_without_a_server_a_sweep_goes_to_the_checkouts_sqlite_store_that_mlflow
     command = re.search(r"^(mlflow ui --backend-store-uri \S+)$", readme, re.M).group(1)
     port = free_port()
     path = f"{Path(sys.executable).parent}:{env['PATH']}"  # the venv's `mlflow`, as after `source .venv/bin/activate`
-    ui = subprocess.Popen(["bash", "-c", f"exec {command} --host 127.0.0.1 --port {port} --workers 1"], cwd=checkout,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                          env={**env, "PATH": path})
+    ui = subprocess.Popen(
+        ["bash", "-c", f"exec {command} --host 127.0.0.1 --port {port} --workers 1"],
+        cwd=checkout,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**env, "PATH": path},
+    )
     server = MlflowServer(tmp_path / "ui", port=port)
     server.proc = ui
     try:
@@ -62,8 +66,13 @@ def test_without_a_server_a_sweep_goes_to_the_checkouts_sqlite_store_that_mlflow
     finally:
         server.stop()
     # the sweep read back from the store its parent file names (no variable, no --tracking-uri)
-    report = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_report.py"), str(sweep_dir), "--mlflow"],
-                            capture_output=True, text=True, timeout=300, env=env)
+    report = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "sweep_report.py"), str(sweep_dir), "--mlflow"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert report.returncode == 0, report.stderr[-2000:]
     rows = [ln for ln in report.stdout.splitlines() if re.match(r"\| [01] \|", ln)]
     assert [r.split("|")[2].strip() for r in rows] == ["loader.num_workers=0", "loader.num_workers=1"]

@@ -9,9 +9,8 @@ import os
 import time
 
 import pytest
-from hydra import compose, initialize_config_dir
-
 from conftest import REPO, run_in_process, run_train
+from hydra import compose, initialize_config_dir
 from moto_store import free_port
 
 
@@ -122,10 +121,15 @@ def test_every_summary_status_ends_the_mlflow_run_as_documented():
     assert {s for s, m in MLFLOW_STATUS.items() if m == "FAILED"} == {"diverged", "collapsed", "disk_full", "nonfinite"}
 
 
-@pytest.mark.parametrize("override", ["hydra.job.env_set.MLFLOW_TRACKING_PASSWORD={s}",
-                                      "+hydra.job.env_set.MLFLOW_TRACKING_TOKEN={s}",
-                                      "+logger.mlflow.password={s}",
-                                      "logger.mlflow.tracking_uri=http://bob:{s}@mlflow.internal:5000"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "hydra.job.env_set.MLFLOW_TRACKING_PASSWORD={s}",
+        "+hydra.job.env_set.MLFLOW_TRACKING_TOKEN={s}",
+        "+logger.mlflow.password={s}",
+        "logger.mlflow.tracking_uri=http://bob:{s}@mlflow.internal:5000",
+    ],
+)
 def test_an_mlflow_credential_override_is_refused_in_one_line(override, tmp_path):
     secret = "cocodet-MLFLOW-secret-5b7a"
     proc, _ = run_train(["logger=mlflow", "mode=plan", override.format(s=secret)], tmp_path / "run", check=False)
@@ -161,8 +165,15 @@ def test_runs_started_together_on_a_fresh_sqlite_store_all_reach_it(tmp_path):
 
     uri = f"sqlite:///{tmp_path}/store/mlflow.db"
     start_at = time.time() + 4  # after every interpreter has imported mlflow
-    procs = [subprocess.Popen([sys.executable, "-c", FIRST_CONTACT, uri, str(start_at), str(tmp_path / f"unsent{i}"),
-                               f"run{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_CONTACT, uri, str(start_at), str(tmp_path / f"unsent{i}"), f"run{i}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
     answers = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert not [a for a in answers if not a or a.startswith("FAILED")], answers
     assert len(set(answers)) == 4
@@ -179,7 +190,6 @@ def test_a_guarded_client_travels_to_a_sweeps_jobs(tmp_path):
     copy = pickle.loads(pickle.dumps(guard))
     assert copy.tracking_uri == guard.tracking_uri and copy.alive and copy.unsent == 0
     assert copy._lock is not guard._lock
-
 
 
 class _SignalledLock:
@@ -203,8 +213,7 @@ class _SignalledLock:
         self.release()
 
 
-def test_an_outage_ends_in_one_line_when_the_retry_and_the_close_both_empty_the_queue(tmp_path, caplog,
-                                                                                    monkeypatch):
+def test_an_outage_ends_in_one_line_when_the_retry_and_the_close_both_empty_the_queue(tmp_path, caplog, monkeypatch):
     """The background retry and the run's closing calls may both find the queue empty at the
     end of one outage: the log says once that the server is back, as many times as `outages`."""
     import threading

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import NARROW_MODEL, REPO, run_train
 from mlflow_server import MlflowServer
 from mlflow_sweep import children_of, run_sweep
+
 from cocodet.models.evaluation import ALL_STAT_NAMES
 
 pytestmark = pytest.mark.slow
@@ -28,9 +28,20 @@ LOG_EVERY = 2
 
 
 def args(coco_tiny: Path, *extra: str) -> list[str]:
-    return ["experiment=coco_tiny", f"dataset.root={coco_tiny}", "dataset.image_size=128", "loader.batch_size=4",
-            NARROW_MODEL, "trainer.max_epochs=2", "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=2",
-            f"trainer.log_every_n_steps={LOG_EVERY}", "trainer.enable_progress_bar=false", "logger=mlflow", *extra]
+    return [
+        "experiment=coco_tiny",
+        f"dataset.root={coco_tiny}",
+        "dataset.image_size=128",
+        "loader.batch_size=4",
+        NARROW_MODEL,
+        "trainer.max_epochs=2",
+        "+trainer.limit_train_batches=2",
+        "+trainer.limit_val_batches=2",
+        f"trainer.log_every_n_steps={LOG_EVERY}",
+        "trainer.enable_progress_bar=false",
+        "logger=mlflow",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +53,11 @@ def server(tmp_path_factory):
 
 def secret_env(server) -> dict:
     """Credentials as a user gives them: in the environment, one in the URI itself."""
-    return {"MLFLOW_TRACKING_URI": server.uri.replace("http://", f"http://{USER}:{URI_PASSWORD}@"),
-            "MLFLOW_TRACKING_USERNAME": USER, "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+    return {
+        "MLFLOW_TRACKING_URI": server.uri.replace("http://", f"http://{USER}:{URI_PASSWORD}@"),
+        "MLFLOW_TRACKING_USERNAME": USER,
+        "MLFLOW_TRACKING_PASSWORD": PASSWORD,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -71,16 +85,26 @@ def test_a_run_reads_back_with_its_params_metrics_tags_and_artifacts(server, tra
         assert len(history(server, run.info.run_id, f"val/{name}")) == 2, name
     assert round(history(server, run.info.run_id, "val/map")[-1][1], 4) == summary["map"]
     # the train metrics at the logging cadence: steps 1, 3 (Lightning logs after every 2nd batch)
-    assert [s for s, _ in history(server, run.info.run_id, "train/loss")] == list(range(LOG_EVERY - 1, STEPS, LOG_EVERY))
+    assert [s for s, _ in history(server, run.info.run_id, "train/loss")] == list(
+        range(LOG_EVERY - 1, STEPS, LOG_EVERY)
+    )
     tags = run.data.tags
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     assert tags["cocodet.status"] == "completed" and tags["cocodet.stream_digest"] == summary["stream_digest"]
     assert tags["mlflow.source.git.commit"] == commit and tags["cocodet.preset"] == "coco_tiny"
     assert tags["cocodet.loader.workers"] == str(summary["plan"]["num_workers"])
     assert tags["cocodet.loader.source"] == summary["plan"]["source"]
     artifacts = {a.path for a in server.client().list_artifacts(run.info.run_id)}
-    assert artifacts == {"summary.json", "loader_plan.txt", "val_predictions.png"}  # no bad samples: no bad_samples.jsonl
-    sent = json.loads(Path(server.client().download_artifacts(run.info.run_id, "summary.json", str(run_dir))).read_text())
+    assert artifacts == {
+        "summary.json",
+        "loader_plan.txt",
+        "val_predictions.png",
+    }  # no bad samples: no bad_samples.jsonl
+    sent = json.loads(
+        Path(server.client().download_artifacts(run.info.run_id, "summary.json", str(run_dir))).read_text()
+    )
     assert sent["map"] == summary["map"] and sent["mlflow"]["run_id"] == run.info.run_id
 
 
@@ -97,8 +121,11 @@ def test_no_credential_reaches_a_file_a_param_or_a_tag(server, tracked):
 
 def test_sigterm_then_resume_in_a_new_folder_continues_one_run(server, coco_tiny, tmp_path):
     env = {"PYTHONPATH": str(REPO / "tests")}  # the server named by the override this time, not the variable
-    signal_at = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=3",
-                 f"logger.mlflow.tracking_uri={server.uri}"]
+    signal_at = [
+        "+callbacks.signal_at._target_=signal_at_step.SignalAtStep",
+        "+callbacks.signal_at.step=3",
+        f"logger.mlflow.tracking_uri={server.uri}",
+    ]
     _, first = run_train(args(coco_tiny, "trainer.log_every_n_steps=1", *signal_at), tmp_path / "first", env=env)
     run_id = first["mlflow"]["run_id"]
     between = server.client().get_run(run_id)
@@ -106,8 +133,13 @@ def test_sigterm_then_resume_in_a_new_folder_continues_one_run(server, coco_tiny
     assert between.info.status == "KILLED" and between.data.tags["cocodet.status"] == "preempted"
     params_before = between.data.params
     resume = str(tmp_path / "first" / "checkpoints" / "resume.ckpt")
-    _, second = run_train(args(coco_tiny, "trainer.log_every_n_steps=1", f"ckpt_path={resume}",
-                               f"logger.mlflow.tracking_uri={server.uri}"), tmp_path / "second", env=env)
+    _, second = run_train(
+        args(
+            coco_tiny, "trainer.log_every_n_steps=1", f"ckpt_path={resume}", f"logger.mlflow.tracking_uri={server.uri}"
+        ),
+        tmp_path / "second",
+        env=env,
+    )
     after = server.client().get_run(run_id)
     assert second["mlflow"]["run_id"] == run_id and second["mlflow"]["resumed"] is True
     assert after.info.status == "FINISHED" and after.data.tags["cocodet.status"] == "completed"
@@ -120,12 +152,12 @@ def test_sigterm_then_resume_in_a_new_folder_continues_one_run(server, coco_tiny
     assert len(history(server, run_id, "val/map")) == 2
 
 
-
 # submitit_local runs jobs the way conf/hydra/launcher's slurm launcher does (submitit's pickled
 # job in a process of its own), without SLURM. (joblib's local_parallel: test_mlflow_default_store.py.)
 def test_a_sweep_to_a_server_is_one_parent_with_a_child_per_job(server, synthetic_root, tmp_path):
-    run_sweep(synthetic_root, tmp_path / "sweep", "submitit_local", REPO,
-              {**os.environ, "MLFLOW_TRACKING_URI": server.uri})
+    run_sweep(
+        synthetic_root, tmp_path / "sweep", "submitit_local", REPO, {**os.environ, "MLFLOW_TRACKING_URI": server.uri}
+    )
     children_of(server.client(), tmp_path / "sweep")
 
 
@@ -133,11 +165,15 @@ def test_a_sweep_to_a_server_is_one_parent_with_a_child_per_job(server, syntheti
 def test_a_server_killed_mid_run_costs_no_training(server, tracked, coco_tiny, tmp_path):
     """The tracked run again, its server SIGKILLed after the 1st step, timed against it."""
     _, baseline, _ = tracked
-    kill = ["+callbacks.kill_at._target_=signal_at_step.KillGroupAtStep", "+callbacks.kill_at.step=1",
-            f"+callbacks.kill_at.pgid={server.proc.pid}"]
+    kill = [
+        "+callbacks.kill_at._target_=signal_at_step.KillGroupAtStep",
+        "+callbacks.kill_at.step=1",
+        f"+callbacks.kill_at.pgid={server.proc.pid}",
+    ]
     started = time.monotonic()
-    proc, summary = run_train(args(coco_tiny, *kill), tmp_path / "run",
-                              env={**secret_env(server), "PYTHONPATH": str(REPO / "tests")})
+    proc, summary = run_train(
+        args(coco_tiny, *kill), tmp_path / "run", env={**secret_env(server), "PYTHONPATH": str(REPO / "tests")}
+    )
     seconds = time.monotonic() - started
     print(f"without the kill {baseline['test_seconds']:.1f} s, with it {seconds:.1f} s")
     assert summary["status"] == "completed" and summary["steps"] == baseline["steps"] == STEPS

@@ -17,10 +17,33 @@ ROOT = Path(__file__).resolve().parents[1]
 FILE = re.compile(r"(?<![\w./~$-])((?:[\w.-]+/)+[\w-]+\.(?:py|yaml|md|sh|json|txt|png|toml))(?![\w/])")
 MODULE = re.compile(r"(?<![\w.])(cocodet(?:\.\w+)+)")
 # What a run, a user or the host makes (never in the repository), and other repositories' files.
-NOT_OURS = ("outputs/", "multirun/", "data/", ".hydra/", "checkpoints/", "../", "/tmp", "references/detection/",
-            "site-packages/", "run_dir/", "RUN_DIR/", "images/train", "labels/", "annotations/", "ultralytics/",
-            "torchvision/", "hydra/launcher/", "train2017/", "val2017/", "~/", "lightning_logs/", "mlruns/",
-            "ImageSets/", "PATH/", "models/detection/")
+NOT_OURS = (
+    "outputs/",
+    "multirun/",
+    "data/",
+    ".hydra/",
+    "checkpoints/",
+    "../",
+    "/tmp",
+    "references/detection/",
+    "site-packages/",
+    "run_dir/",
+    "RUN_DIR/",
+    "images/train",
+    "labels/",
+    "annotations/",
+    "ultralytics/",
+    "torchvision/",
+    "hydra/launcher/",
+    "train2017/",
+    "val2017/",
+    "~/",
+    "lightning_logs/",
+    "mlruns/",
+    "ImageSets/",
+    "PATH/",
+    "models/detection/",
+)
 BASES = (ROOT, ROOT / "src", ROOT / "src" / "cocodet", ROOT / "conf", ROOT / "tests", ROOT / "docs")
 
 
@@ -29,7 +52,11 @@ def tag_names() -> set[str]:
     from cocodet.tracking.run_record import end_tags
 
     quoted = re.compile(r"[\"'](cocodet\.[\w.]+)[\"']")
-    written = {m.group(1) for f in (ROOT / "src" / "cocodet" / "tracking").rglob("*.py") for m in quoted.finditer(f.read_text())}
+    written = {
+        m.group(1)
+        for f in (ROOT / "src" / "cocodet" / "tracking").rglob("*.py")
+        for m in quoted.finditer(f.read_text())
+    }
     return written | set(end_tags({"stream_digest": "x", "batch_digest": "x", "error": "x"}))  # names built in code
 
 
@@ -44,8 +71,11 @@ def texts() -> list[tuple[str, str]]:
 
 
 def named_files(text: str) -> set[str]:
-    return {m.group(1) for m in FILE.finditer(text)
-            if not any(m.group(1).startswith(p) or f"/{p}" in m.group(1) for p in NOT_OURS)}
+    return {
+        m.group(1)
+        for m in FILE.finditer(text)
+        if not any(m.group(1).startswith(p) or f"/{p}" in m.group(1) for p in NOT_OURS)
+    }
 
 
 def missing_file(name: str) -> bool:
@@ -72,20 +102,26 @@ def test_every_named_path_exists():
     missing, tags = [], tag_names()
     for where, text in texts():
         missing += [f"{where}: {name}" for name in sorted(named_files(text)) if missing_file(name)]
-        missing += [f"{where}: {name}" for name in sorted({m.group(1).rstrip(".") for m in MODULE.finditer(text)})
-                    if name not in tags and not moved(name) and missing_module(name)]
+        missing += [
+            f"{where}: {name}"
+            for name in sorted({m.group(1).rstrip(".") for m in MODULE.finditer(text)})
+            if name not in tags and not moved(name) and missing_module(name)
+        ]
     assert not missing, "named but not in the repository:\n" + "\n".join(missing)
 
 
-@pytest.mark.parametrize("text, found", [
-    ("see ``run_spec/trained_config.py`` for why", True),  # the folder-relative name of a module that is gone
-    ("see ``run_spec/read.py``", False),
-    ("the option conf/augment/nope.yaml", True),
-    ("(`cocodet.loader.no_such_module`)", True),
-    ("(`cocodet.loader.flat_batch.NoSuchName`)", True),
-    ("(`cocodet.loader.flat_batch.FlatBatch`)", False),
-    ("written under outputs/2026-12-07/run.yaml and /tmp/x/y.py", False),
-])
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ("see ``run_spec/trained_config.py`` for why", True),  # the folder-relative name of a module that is gone
+        ("see ``run_spec/read.py``", False),
+        ("the option conf/augment/nope.yaml", True),
+        ("(`cocodet.loader.no_such_module`)", True),
+        ("(`cocodet.loader.flat_batch.NoSuchName`)", True),
+        ("(`cocodet.loader.flat_batch.FlatBatch`)", False),
+        ("written under outputs/2026-12-07/run.yaml and /tmp/x/y.py", False),
+    ],
+)
 def test_the_check_finds_a_planted_stale_path(text, found):
     stale = [n for n in named_files(text) if missing_file(n)]
     stale += [m.group(1) for m in MODULE.finditer(text) if missing_module(m.group(1))]

@@ -21,7 +21,6 @@ from datetime import datetime
 import numpy as np
 import pytest
 import s3fs  # noqa: F401  (pinned in requirements.txt: missing, it fails here, never skips)
-
 from conftest import REPO
 from moto_store import DUMMY_KEYS, moto_server, recorded, s3_client
 
@@ -66,8 +65,8 @@ def gets_of(endpoint: str, url: str) -> int:
 
 
 def cache_for(tmp_path, urls, budget=1 << 30):
-    from cocodet.storage import store as storage
     from cocodet.read_ahead.object_cache import ObjectCache
+    from cocodet.storage import store as storage
 
     return ObjectCache(tmp_path / "copies", storage.listing(urls[0].rsplit("/", 1)[0]), budget)
 
@@ -291,7 +290,7 @@ def test_loader_workers_are_forked_whatever_the_default_start_method(tmp_path):
     window caches) reach cocodet's workers only by fork, so the loader asks for fork; counts
     made in the workers reach the main process."""
     script = tmp_path / "forked.py"
-    script.write_text('''
+    script.write_text("""
 import multiprocessing
 multiprocessing.set_start_method("forkserver", force=True)
 import torch
@@ -314,9 +313,14 @@ print(loader.multiprocessing_context.get_start_method() if loader.multiprocessin
 for _ in loader:
     pass
 print(int(storage.counts()["gets"]))
-''')
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+""")
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     lines = proc.stdout.split()
     assert lines[:1] == ["fork"] and lines[-1] == "8", (proc.stdout, proc.stderr[-2000:])
 
@@ -356,9 +360,21 @@ def test_a_full_copies_disk_serves_the_bytes_and_names_the_disk(bucket, tmp_path
     folder.mkdir()
     (tmp_path / "full_disk.py").write_text(FULL_DISK)
     script = f"{sys.executable} {tmp_path / 'full_disk.py'} {endpoint} {folder} '{json.dumps(urls)}'"
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                           f"mount -t tmpfs -o size=16k tmpfs {folder} && {script}"],
-                          capture_output=True, text=True, timeout=300, env=os.environ)
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size=16k tmpfs {folder} && {script}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["digests"] == [hashlib.md5(b).hexdigest() for b in bodies]
@@ -382,31 +398,57 @@ def test_a_bucket_bench_whose_copies_disk_fills_mid_run_reads_every_image(coco_t
 
     from cocodet.read_ahead.disk_refusal import DISK_RETRY_S
 
-    args = ["mode=bench", "dataset=coco", "dataset.image_size=128", "loader=explicit", "loader.num_workers=2",
-            "loader.batch_size=4", "bench.batches=15", "bench.warmup=0", "bench.digest_batches=15",
-            "bench.decode_probe=0"]
+    args = [
+        "mode=bench",
+        "dataset=coco",
+        "dataset.image_size=128",
+        "loader=explicit",
+        "loader.num_workers=2",
+        "loader.batch_size=4",
+        "bench.batches=15",
+        "bench.warmup=0",
+        "bench.digest_batches=15",
+        "bench.decode_probe=0",
+    ]
     local = run_in_process([*args, f"dataset.root={coco_tiny}"], tmp_path / "local")
     copies = tmp_path / "copies"
     copies.mkdir()
     with filled_store(coco_tiny, "full-disk") as (endpoint, _):
-        bench = [sys.executable, str(REPO / "train.py"), *args, "dataset.root=s3://full-disk",
-                 f"dataset.storage_options.endpoint_url={endpoint}", f"dataset.remote.cache_dir={copies}",
-                 f"hydra.run.dir={tmp_path / 'run'}"]
+        bench = [
+            sys.executable,
+            str(REPO / "train.py"),
+            *args,
+            "dataset.root=s3://full-disk",
+            f"dataset.storage_options.endpoint_url={endpoint}",
+            f"dataset.remote.cache_dir={copies}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ]
         # The tmpfs is mounted before the bench starts; the filler waits for the read-ahead's first
         # copy, then takes every byte left. Its output goes nowhere, so that only the bench holds
         # the pipes this test reads, and it is ended with the bench whatever it was doing.
-        fill = (f"while [ -z \"$(find {copies} -mindepth 2 -type f 2>/dev/null | head -1)\" ]; do sleep 0.05; done; "
-                f"cat /dev/zero > {copies}/filler")
-        script = (f"mount -t tmpfs -o size=4m tmpfs {copies} || exit 1; ( {fill} ) >/dev/null 2>&1 & filler=$!; "
-                  f"{' '.join(bench)}; status=$?; kill $filler 2>/dev/null; exit $status")
-        proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], cwd=REPO,
-                              capture_output=True, text=True, timeout=600, env=os.environ)
+        fill = (
+            f'while [ -z "$(find {copies} -mindepth 2 -type f 2>/dev/null | head -1)" ]; do sleep 0.05; done; '
+            f"cat /dev/zero > {copies}/filler"
+        )
+        script = (
+            f"mount -t tmpfs -o size=4m tmpfs {copies} || exit 1; ( {fill} ) >/dev/null 2>&1 & filler=$!; "
+            f"{' '.join(bench)}; status=$?; kill $filler 2>/dev/null; exit $status"
+        )
+        proc = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=os.environ,
+        )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     s = json.loads(proc.stdout.strip().splitlines()[-1])
     assert s["batch_digest"] == local["batch_digest"] and s["examples"] == local["examples"]
-    assert {split: v["skipped"] for split, v in s["bad_samples"].items() if isinstance(v, dict)} == {"train": 0}, \
-        s["bad_samples"]
+    assert {split: v["skipped"] for split, v in s["bad_samples"].items() if isinstance(v, dict)} == {"train": 0}, s[
+        "bad_samples"
+    ]
     read_ahead = s["remote"]["read_ahead"]
     assert read_ahead["held_bytes"] == read_ahead["copies_bytes"] and not read_ahead["copies_writable"], read_ahead
     complaints = [line for line in log.splitlines() if "[WARNING]" in line or "[ERROR]" in line or "error" in line]

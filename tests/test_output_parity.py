@@ -38,13 +38,20 @@ import numpy as np
 import pytest
 import torch
 import torchvision.models.detection as tvd
+from conftest import REPO, run_in_process
 from torchvision.models.detection.transform import resize_boxes
 
-from conftest import REPO, run_in_process
-
 KINDS = {  # resize kind: (overrides, epochs)
-    "shortest_side": (["model=fcos_resnet18_fpn", "model.detector.fpn_channels=64", "augment=hflip",
-                       "+model.detector.min_size=256", "+model.detector.max_size=427"], 30),
+    "shortest_side": (
+        [
+            "model=fcos_resnet18_fpn",
+            "model.detector.fpn_channels=64",
+            "augment=hflip",
+            "+model.detector.min_size=256",
+            "+model.detector.max_size=427",
+        ],
+        30,
+    ),
     "fixed_size": (["model=ssdlite320_mobilenet_v3_large", "augment=ssdlite"], 150),
 }
 
@@ -59,9 +66,18 @@ def subset(coco_tiny: Path, out: Path) -> Path:
 
 
 def dataset_args(coco_tiny: Path, ann: Path) -> list[str]:
-    return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.train_images=train2017", f"dataset.train_ann={ann}",
-            "dataset.val_images=train2017", f"dataset.val_ann={ann}", "dataset.image_size=256", "loader.batch_size=4",
-            "trainer.enable_progress_bar=false", "model.eval_backend=pycocotools"]
+    return [
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "dataset.train_images=train2017",
+        f"dataset.train_ann={ann}",
+        "dataset.val_images=train2017",
+        f"dataset.val_ann={ann}",
+        "dataset.image_size=256",
+        "loader.batch_size=4",
+        "trainer.enable_progress_bar=false",
+        "model.eval_backend=pycocotools",
+    ]
 
 
 def cocodet_eval(args: list[str], ckpt: str, run_dir: Path, monkeypatch) -> tuple[dict, dict, list]:
@@ -78,8 +94,9 @@ def cocodet_eval(args: list[str], ckpt: str, run_dir: Path, monkeypatch) -> tupl
         return real(trainer, module, datamodule, *rest)
 
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", keep)
-    summary = run_in_process([*args, "mode=eval", f"ckpt_path={ckpt}", "loader=explicit", "loader.num_workers=0"],
-                             run_dir)
+    summary = run_in_process(
+        [*args, "mode=eval", f"ckpt_path={ckpt}", "loader=explicit", "loader.num_workers=0"], run_dir
+    )
     monkeypatch.undo()
     batches = [restore(flat) for flat in seen["datamodule"].val_dataloader()]
     return summary, seen["module"].last_detections, batches, seen["module"]
@@ -95,11 +112,18 @@ def reference(args: list[str], ann: Path) -> dict:
     given = dict(a.lstrip("+").split("=", 1) for a in args if "=" in a)
     data = json.loads(ann.read_text())
     side = int(given["dataset.image_size"])
-    sizes = (int(given["model.detector.min_size"]), int(given["model.detector.max_size"])) \
-        if "model.detector.min_size" in given else None
-    return {"name": given["model"], "side": side, "sizes": sizes,
-            "category_ids": np.array(sorted(c["id"] for c in data["categories"]), dtype=np.int64),
-            "stored_hw": {im["id"]: (im["height"], im["width"]) for im in data["images"]}}
+    sizes = (
+        (int(given["model.detector.min_size"]), int(given["model.detector.max_size"]))
+        if "model.detector.min_size" in given
+        else None
+    )
+    return {
+        "name": given["model"],
+        "side": side,
+        "sizes": sizes,
+        "category_ids": np.array(sorted(c["id"] for c in data["categories"]), dtype=np.int64),
+        "stored_hw": {im["id"]: (im["height"], im["width"]) for im in data["images"]},
+    }
 
 
 def public_model(ckpt: str, ref: dict, letterbox: bool) -> torch.nn.Module:
@@ -119,8 +143,9 @@ def public_model(ckpt: str, ref: dict, letterbox: bool) -> torch.nn.Module:
         public = getattr(tvd, name)(weights=None, weights_backbone=None, num_classes=num_classes, **sized)
     else:
         assert name == "fcos_resnet18_fpn", name
-        public = torchvision_fcos_resnet18_fpn(num_classes, width=state["backbone.fpn.inner_blocks.0.0.weight"].shape[0],
-                                               **sized)
+        public = torchvision_fcos_resnet18_fpn(
+            num_classes, width=state["backbone.fpn.inner_blocks.0.0.weight"].shape[0], **sized
+        )
     public.load_state_dict(state)
     public.eval()
     public.reference_resize = public.transform.resize
@@ -146,10 +171,16 @@ def torchvision_fcos_resnet18_fpn(num_classes: int, width: int, min_size: int, m
     from torchvision.models.detection.backbone_utils import BackboneWithFPN
     from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
-    backbone = BackboneWithFPN(resnet18(weights=None), {"layer2": "0", "layer3": "1", "layer4": "2"}, [128, 256, 512],
-                               width, extra_blocks=LastLevelP6P7(width, width))
-    return tvd.FCOS(backbone, num_classes, min_size=min_size, max_size=max_size,
-                    head=tvd.fcos.FCOSHead(width, 1, num_classes))
+    backbone = BackboneWithFPN(
+        resnet18(weights=None),
+        {"layer2": "0", "layer3": "1", "layer4": "2"},
+        [128, 256, 512],
+        width,
+        extra_blocks=LastLevelP6P7(width, width),
+    )
+    return tvd.FCOS(
+        backbone, num_classes, min_size=min_size, max_size=max_size, head=tvd.fcos.FCOSHead(width, 1, num_classes)
+    )
 
 
 def plant_anchor_fault(monkeypatch) -> None:
@@ -166,12 +197,14 @@ def plant_anchor_fault(monkeypatch) -> None:
         model = real(*args, **kwargs)
         g = model.anchor_generator
         if isinstance(g, AnchorGenerator):
-            model.anchor_generator = AnchorGenerator(tuple(tuple(2 * s for s in level) for level in g.sizes),
-                                                     g.aspect_ratios)
+            model.anchor_generator = AnchorGenerator(
+                tuple(tuple(2 * s for s in level) for level in g.sizes), g.aspect_ratios
+            )
         else:
             assert isinstance(g, DefaultBoxGenerator), type(g)
-            model.anchor_generator = DefaultBoxGenerator(g.aspect_ratios, scales=[1.5 * s for s in g.scales],
-                                                         steps=g.steps, clip=g.clip)
+            model.anchor_generator = DefaultBoxGenerator(
+                g.aspect_ratios, scales=[1.5 * s for s in g.scales], steps=g.steps, clip=g.clip
+            )
         return model
 
     monkeypatch.setattr(zoo, "build_detector", faulty)
@@ -216,8 +249,12 @@ def plant_size_fault(monkeypatch) -> None:
     monkeypatch.setattr(model_resize, "fixed_sizes", lambda *a: tuple(v - 32 for v in fixed(*a)))
 
 
-FAULTS = {"anchor size": plant_anchor_fault, "image_mean": plant_mean_fault, "image_std": plant_std_fault,
-          "resize": plant_size_fault}
+FAULTS = {
+    "anchor size": plant_anchor_fault,
+    "image_mean": plant_mean_fault,
+    "image_std": plant_std_fault,
+    "resize": plant_size_fault,
+}
 
 
 def unseen_faults(args: list[str], ckpt: str, ann: Path, run_dir: Path, monkeypatch, letterbox: bool) -> list[str]:
@@ -259,10 +296,17 @@ def public_full_eval(ckpt: str, ref: dict, images: Path, ann: Path) -> np.ndarra
         for k, image_id in enumerate(dataset.ids):
             out = public([to_input(dataset[k][0])])[0]
             keep = out["labels"] > 0
-            for box, score, label in zip(out["boxes"][keep].tolist(), out["scores"][keep].tolist(),
-                                         out["labels"][keep].tolist()):
-                results.append({"image_id": int(image_id), "category_id": int(label_ids[label - 1]),
-                                "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "score": score})
+            for box, score, label in zip(
+                out["boxes"][keep].tolist(), out["scores"][keep].tolist(), out["labels"][keep].tolist()
+            ):
+                results.append(
+                    {
+                        "image_id": int(image_id),
+                        "category_id": int(label_ids[label - 1]),
+                        "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]],
+                        "score": score,
+                    }
+                )
     return coco_stats(ann, results, list(dataset.ids))
 
 
@@ -279,8 +323,11 @@ def public_results(model, batches, ref: dict, letterbox: bool) -> tuple[list[dic
             for out, image, target in zip(model(images), images, targets):
                 image_id = int(target["image_id"])
                 stored_h, stored_w = ref["stored_hw"][image_id]
-                expected = ((ref["side"], ref["side"]) if letterbox else
-                            tuple(model.reference_resize(torch.zeros(3, stored_h, stored_w))[0].shape[-2:]))
+                expected = (
+                    (ref["side"], ref["side"])
+                    if letterbox
+                    else tuple(model.reference_resize(torch.zeros(3, stored_h, stored_w))[0].shape[-2:])
+                )
                 if tuple(image.shape[-2:]) != expected:
                     wrong.append(f"image {image_id}: input {tuple(image.shape[-2:])}, the reference's {expected}")
                 boxes = out["boxes"]
@@ -291,10 +338,17 @@ def public_results(model, batches, ref: dict, letterbox: bool) -> tuple[list[dic
                 else:
                     boxes = resize_boxes(boxes, tuple(image.shape[-2:]), (stored_h, stored_w))
                 keep = out["labels"] > 0
-                for box, score, label in zip(boxes[keep].tolist(), out["scores"][keep].tolist(),
-                                             out["labels"][keep].tolist()):
-                    results.append({"image_id": image_id, "category_id": int(ref["category_ids"][label - 1]),
-                                    "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "score": score})
+                for box, score, label in zip(
+                    boxes[keep].tolist(), out["scores"][keep].tolist(), out["labels"][keep].tolist()
+                ):
+                    results.append(
+                        {
+                            "image_id": image_id,
+                            "category_id": int(ref["category_ids"][label - 1]),
+                            "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]],
+                            "score": score,
+                        }
+                    )
     return results, wrong
 
 
@@ -314,8 +368,20 @@ def coco_stats(ann: Path, results: list[dict], image_ids: list[int]) -> np.ndarr
     return np.asarray(e.stats)
 
 
-STATS = ["map", "map50", "map75", "map_small", "map_medium", "map_large", "mar_1", "mar_10", "mar_100",
-         "mar_small", "mar_medium", "mar_large"]
+STATS = [
+    "map",
+    "map50",
+    "map75",
+    "map_small",
+    "map_medium",
+    "map_large",
+    "mar_1",
+    "mar_10",
+    "mar_100",
+    "mar_small",
+    "mar_medium",
+    "mar_large",
+]
 
 
 def gated_mismatches(ours: dict, by_image: dict, theirs: list[dict], stats: np.ndarray) -> list[str]:
@@ -355,8 +421,15 @@ def overfit(coco_tiny, tmp_path_factory):
     trained = {}
     for kind, (extra, epochs) in KINDS.items():
         args = [*dataset_args(coco_tiny, ann), *extra]
-        s = run_in_process([*args, f"trainer.max_epochs={epochs}", f"trainer.check_val_every_n_epoch={epochs}",
-                            f"+callbacks.last_checkpoint.every_n_epochs={epochs}"], base / kind)
+        s = run_in_process(
+            [
+                *args,
+                f"trainer.max_epochs={epochs}",
+                f"trainer.check_val_every_n_epoch={epochs}",
+                f"+callbacks.last_checkpoint.every_n_epochs={epochs}",
+            ],
+            base / kind,
+        )
         trained[kind] = (args, s["last_ckpt"], s)
     return ann, trained
 
@@ -369,11 +442,14 @@ def test_cocodet_scores_a_checkpoint_as_torchvisions_path_does(kind, overfit, tm
     summary, wrong, stats, module = output_parity(args, ckpt, ann, tmp_path, monkeypatch, letterbox=False)
     assert summary["map50"] >= 0.2, summary["map50"]  # it learned something: zeros prove nothing
     assert wrong == []
-    assert unseen_faults(args, ckpt, ann, tmp_path / "faults", monkeypatch, letterbox=False) == [], \
+    assert unseen_faults(args, ckpt, ann, tmp_path / "faults", monkeypatch, letterbox=False) == [], (
         "faults planted in cocodet's model went unseen"
+    )
     own = public_full_eval(ckpt, reference(args, ann), coco_tiny_images(args), ann)
-    print(f"{kind}: mode=eval {[round(summary[k], 4) for k in STATS]}; torchvision's path on the same tensors "
-          f"{stats.round(4).tolist()}; on its own input {own.round(4).tolist()} (reported, not gated)")
+    print(
+        f"{kind}: mode=eval {[round(summary[k], 4) for k in STATS]}; torchvision's path on the same tensors "
+        f"{stats.round(4).tolist()}; on its own input {own.round(4).tolist()} (reported, not gated)"
+    )
 
 
 def coco_tiny_images(args: list[str]) -> Path:

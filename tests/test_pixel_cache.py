@@ -11,14 +11,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from conftest import run_in_process
+
 from cocodet.data import pixel_cache
+from cocodet.data.pixel_cache import CacheSpaceError, open_pixel_cache
 from cocodet.datasets.index import build_index
 from cocodet.errors import BadSampleError
 from cocodet.images.decode import decode_reduction
 from cocodet.images.read import load_resized
-from cocodet.data.pixel_cache import CacheSpaceError, open_pixel_cache
 
 
 def write_dataset(root: Path, images: dict[str, np.ndarray], boxes: dict[str, list[float]]) -> Path:
@@ -30,8 +30,16 @@ def write_dataset(root: Path, images: dict[str, np.ndarray], boxes: dict[str, li
         h, w = image.shape[:2]
         data["images"].append({"id": k, "file_name": name, "height": h, "width": w})
         x0, y0, x1, y1 = boxes[name]
-        data["annotations"].append({"id": k, "image_id": k, "category_id": 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
-                                    "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+        data["annotations"].append(
+            {
+                "id": k,
+                "image_id": k,
+                "category_id": 1,
+                "bbox": [x0, y0, x1 - x0, y1 - y0],
+                "area": (x1 - x0) * (y1 - y0),
+                "iscrowd": 0,
+            }
+        )
     ann = root / "ann.json"
     ann.write_text(json.dumps(data))
     return ann
@@ -96,8 +104,11 @@ def test_concurrent_processes_build_one_cache(coco_tiny, tmp_path):
 
 def test_a_changed_image_or_size_gets_its_own_cache_and_bad_images_stay_bad(tmp_path):
     box = [10, 10, 60, 60]
-    ann = write_dataset(tmp_path / "ds", {"a.jpg": red_square(100, 120, box), "b.jpg": red_square(90, 80, box)},
-                        {"a.jpg": box, "b.jpg": box})
+    ann = write_dataset(
+        tmp_path / "ds",
+        {"a.jpg": red_square(100, 120, box), "b.jpg": red_square(90, 80, box)},
+        {"a.jpg": box, "b.jpg": box},
+    )
     index = build_index(tmp_path / "ds" / "img", ann)
     first = open_pixel_cache(index, 64, "disk", tmp_path / "c", "train")
     open_pixel_cache(index, 96, "disk", tmp_path / "c", "train")
@@ -129,5 +140,15 @@ def test_cache_without_cache_dir_is_a_user_error(synthetic_root, tmp_path):
     from cocodet.errors import UserError
 
     with pytest.raises(UserError, match="dataset.cache=ram needs dataset.cache_dir"):
-        run_in_process([f"dataset.root={synthetic_root}", "mode=bench", "dataset.cache=ram", "dataset.cache_dir=null",
-                        "bench.batches=1", "bench.warmup=0", "bench.decode_probe=0"], tmp_path / "r")
+        run_in_process(
+            [
+                f"dataset.root={synthetic_root}",
+                "mode=bench",
+                "dataset.cache=ram",
+                "dataset.cache_dir=null",
+                "bench.batches=1",
+                "bench.warmup=0",
+                "bench.decode_probe=0",
+            ],
+            tmp_path / "r",
+        )

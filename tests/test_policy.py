@@ -7,18 +7,29 @@ import dataclasses
 import pytest
 
 from cocodet.loader.plan.budget import MAIN_PROCESS_HEADROOM
-from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
 from cocodet.loader.plan.policy import plan_loader
-from cocodet.units import MiB
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
 from cocodet.loader.plan.resources import HostResources
+from cocodet.units import MiB
 
 GiB = 1 << 30
 
 
 def host(**changes) -> HostResources:
-    base = HostResources(affinity_cpus=8, cgroup_cpus=None, local_world_size=1, usable_cpus=8, shm_path="/dev/shm",
-                         shm_total_bytes=16 * GiB, shm_free_bytes=16 * GiB, nofile_soft=65536, nofile_hard=65536,
-                         max_map_count=65530, memory_available_bytes=64 * GiB, memory_source="test")
+    base = HostResources(
+        affinity_cpus=8,
+        cgroup_cpus=None,
+        local_world_size=1,
+        usable_cpus=8,
+        shm_path="/dev/shm",
+        shm_total_bytes=16 * GiB,
+        shm_free_bytes=16 * GiB,
+        nofile_soft=65536,
+        nofile_hard=65536,
+        max_map_count=65530,
+        memory_available_bytes=64 * GiB,
+        memory_source="test",
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -185,8 +196,9 @@ def test_table_names_every_cap():
 def request(policy="auto", num_workers=None, overrides=(), environ=None):
     from cocodet.loader.plan.request import worker_request
 
-    return worker_request(policy, num_workers, ["COCODET_NUM_WORKERS", "SLURM_CPUS_PER_TASK"], list(overrides),
-                          environ or {})
+    return worker_request(
+        policy, num_workers, ["COCODET_NUM_WORKERS", "SLURM_CPUS_PER_TASK"], list(overrides), environ or {}
+    )
 
 
 def test_worker_request_sources():
@@ -214,7 +226,14 @@ def test_the_plan_sizes_the_window_cache_in_memory_not_in_shm():
     p = plan("explicit", 2, batch_size=32, batch_bytes=38 * MiB, res=small_shm, partner_window=48, image_side=640)
     assert p.window_slots == 48 + (2 * 2 + 1) * 32 and p.window_bytes == p.window_slots * slot_bytes(640)
     assert "window cache" in p.table() and "memfd, not /dev/shm" in p.table() and f"{p.window_slots} slots" in p.table()
-    tight = plan("explicit", 2, batch_size=32, batch_bytes=38 * MiB, partner_window=48, image_side=640,
-                 res=host(memory_available_bytes=4 * GiB))
+    tight = plan(
+        "explicit",
+        2,
+        batch_size=32,
+        batch_bytes=38 * MiB,
+        partner_window=48,
+        image_side=640,
+        res=host(memory_available_bytes=4 * GiB),
+    )
     assert 0 < tight.window_slots < p.window_slots and "fewer partners are read" in tight.window_note
     assert plan(batch_size=32, batch_bytes=38 * MiB, image_side=640).window_slots == 0  # no window: no cache

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torchvision.models as tvm
 import torchvision.models.detection as tvd
 from torchvision.ops.misc import FrozenBatchNorm2d
-import pytest
 
 from cocodet.models.checkpoint_file import CheckpointError
 from cocodet.models.zoo import build_detector
@@ -25,8 +25,9 @@ def saved(tmp_path, name: str, state: dict) -> str:
 def test_a_resnet50_file_loads_bit_exactly_with_frozen_batch_norm(tmp_path):
     torch.manual_seed(0)
     state = tvm.resnet50().state_dict()
-    model = build_detector("fasterrcnn_resnet50_fpn", num_classes=3, image_size=128,
-                           weights_backbone_path=saved(tmp_path, "r50", state))
+    model = build_detector(
+        "fasterrcnn_resnet50_fpn", num_classes=3, image_size=128, weights_backbone_path=saved(tmp_path, "r50", state)
+    )
     body = model.backbone.body.state_dict()
     compared = [k for k in body if k in state and not k.endswith("num_batches_tracked")]
     assert len(compared) > 250 and all(torch.equal(body[k], state[k]) for k in compared)
@@ -39,8 +40,12 @@ def test_a_resnet50_file_loads_bit_exactly_with_frozen_batch_norm(tmp_path):
 def test_a_mobilenet_v3_large_file_loads_bit_exactly_into_ssdlite(tmp_path):
     torch.manual_seed(1)
     state = tvm.mobilenet_v3_large().state_dict()
-    model = build_detector("ssdlite320_mobilenet_v3_large", num_classes=3, image_size=128,
-                           weights_backbone_path=saved(tmp_path, "mnv3", state))
+    model = build_detector(
+        "ssdlite320_mobilenet_v3_large",
+        num_classes=3,
+        image_size=128,
+        weights_backbone_path=saved(tmp_path, "mnv3", state),
+    )
     built = list(model.backbone.features.state_dict().values())
     features = [v for k, v in state.items() if k.startswith("features.")]
     # Every trained tensor of the file is in the backbone, in order (SSDlite splits `features` in two).
@@ -76,8 +81,9 @@ def test_a_coco_detector_file_loads_then_only_the_class_layer_is_replaced(tmp_pa
     tower; only cls_logits is new (3 classes x 9 anchors)."""
     torch.manual_seed(2)
     state = tvd.retinanet_resnet50_fpn(weights=None, weights_backbone=None, num_classes=91).state_dict()
-    model = build_detector("retinanet_resnet50_fpn", num_classes=3, image_size=128,
-                           weights_path=saved(tmp_path, "retina", state))
+    model = build_detector(
+        "retinanet_resnet50_fpn", num_classes=3, image_size=128, weights_path=saved(tmp_path, "retina", state)
+    )
     built = model.state_dict()
     kept = [k for k in state if "cls_logits" not in k and not k.endswith("num_batches_tracked") and k in built]
     assert any(k.startswith("head.classification_head.conv") for k in kept)
@@ -90,11 +96,13 @@ def test_ssd300_takes_vgg16_features_and_refuses_the_imagenet_classifier(tmp_pat
     torch.manual_seed(3)
     classifier = tvm.vgg16().state_dict()
     with pytest.raises(CheckpointError, match="ImageNet vgg16 classifier .* vgg16_features"):
-        build_detector("ssd300_vgg16", num_classes=3, image_size=128,
-                       weights_backbone_path=saved(tmp_path, "vgg16", classifier))
+        build_detector(
+            "ssd300_vgg16", num_classes=3, image_size=128, weights_backbone_path=saved(tmp_path, "vgg16", classifier)
+        )
     features = {k: v for k, v in classifier.items() if k.startswith("features.")}  # the features file's trained part
-    model = build_detector("ssd300_vgg16", num_classes=3, image_size=128,
-                           weights_backbone_path=saved(tmp_path, "vgg16_features", features))
+    model = build_detector(
+        "ssd300_vgg16", num_classes=3, image_size=128, weights_backbone_path=saved(tmp_path, "vgg16_features", features)
+    )
     assert torch.equal(model.backbone.features[0].weight, features["features.0.weight"])
 
 
@@ -115,7 +123,9 @@ def test_a_replaced_class_layer_starts_from_the_prior_probability(tmp_path, name
     torchvision's heads do: bias -log(0.99 / 0.01), not a bias one COCO class learned."""
     torch.manual_seed(4)
     state = getattr(tvd, name)(weights=None, weights_backbone=None, num_classes=91).state_dict()
-    state["head.classification_head.cls_logits.bias"] = torch.linspace(0.5, 2.0, len(state["head.classification_head.cls_logits.bias"]))
+    state["head.classification_head.cls_logits.bias"] = torch.linspace(
+        0.5, 2.0, len(state["head.classification_head.cls_logits.bias"])
+    )
     model = build_detector(name, num_classes=3, image_size=128, weights_path=saved(tmp_path, name, state))
     bias = model.head.classification_head.cls_logits.bias
     assert torch.allclose(bias, torch.full_like(bias, -math.log(0.99 / 0.01)))
@@ -126,8 +136,9 @@ def test_a_coco_ssdlite_file_gets_its_class_layers_replaced(tmp_path):
     issue 57 the check named tvd.SSD, which torchvision does not export: an AttributeError)."""
     torch.manual_seed(5)
     state = tvd.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=91).state_dict()
-    model = build_detector("ssdlite320_mobilenet_v3_large", num_classes=3, image_size=320,
-                           weights_path=saved(tmp_path, "ssdlite", state))
+    model = build_detector(
+        "ssdlite320_mobilenet_v3_large", num_classes=3, image_size=320, weights_path=saved(tmp_path, "ssdlite", state)
+    )
     anchors = model.anchor_generator.num_anchors_per_location()
     assert [layer[-1].out_channels for layer in model.head.classification_head.module_list] == [a * 3 for a in anchors]
     kept = [k for k in state if "classification_head" not in k and not k.endswith("num_batches_tracked")]

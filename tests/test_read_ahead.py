@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import s3fs  # noqa: F401  (pinned: a bucket root reads through it; imported, so its absence fails rather than skips)
-
 from conftest import run_in_process
 from moto_store import DUMMY_KEYS, filled_store, recorded
 
@@ -34,23 +33,44 @@ def image_gets(requests: list[dict]) -> dict[str, int]:
 
 
 def bench(endpoint: str, cache: Path, *extra: str) -> list[str]:
-    return ["mode=bench", "dataset=coco", f"dataset.root=s3://{BUCKET}",
-            f"dataset.storage_options.endpoint_url={endpoint}", f"dataset.cache_dir={cache}",
-            "dataset.image_size=192", "loader=explicit", "loader.num_workers=2", "loader.batch_size=8",
-            "bench.batches=20", "bench.warmup=0", "bench.digest_batches=20", "bench.decode_probe=0", *extra]
+    return [
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root=s3://{BUCKET}",
+        f"dataset.storage_options.endpoint_url={endpoint}",
+        f"dataset.cache_dir={cache}",
+        "dataset.image_size=192",
+        "loader=explicit",
+        "loader.num_workers=2",
+        "loader.batch_size=8",
+        "bench.batches=20",
+        "bench.warmup=0",
+        "bench.digest_batches=20",
+        "bench.decode_probe=0",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("partners", ["8", "null"])
 def test_the_plan_reads_what_the_samples_read(coco_tiny, partners, monkeypatch):
     """planned_reads replays the sample's own draws: the images a sample reads, in its order."""
-    from cocodet.data.image_reader import ImageReader
-    from cocodet.transforms.augment import Mosaic
     from cocodet.data.dataset import DetectionDataset
-    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.data.image_reader import ImageReader
     from cocodet.datasets.splits import SplitLoader
+    from cocodet.loader.epoch_sampler import EpochSampler
+    from cocodet.transforms.augment import Mosaic
 
-    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
-                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
+    train = (
+        SplitLoader(
+            root=str(coco_tiny),
+            train_images="train2017",
+            train_ann="annotations/instances_train2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .train
+    )
     pool = None if partners == "null" else int(partners)
     dataset = DetectionDataset(train, Mosaic(image_size=64, partner_pool=pool), seed=3)
     loads: list[int] = []
@@ -66,22 +86,33 @@ def test_the_plan_reads_what_window_partners_read(coco_tiny, monkeypatch):
     """Window partners at or before the sample's position come from the window cache, not the
     store, and so does an image an earlier sample drew ahead of itself (among the epoch's first
     W + 1 positions): read in order, the epoch's plan is its reads exactly."""
-    from cocodet.datasets.splits import SplitLoader
     from cocodet.data import image_reader
     from cocodet.data.dataset import DetectionDataset
     from cocodet.data.window_cache import WindowCache
+    from cocodet.datasets.splits import SplitLoader
     from cocodet.loader.epoch_sampler import EpochSampler
     from cocodet.loader.rank_share import RankOrder
     from cocodet.transforms.augment import Mosaic
 
-    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
-                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
+    train = (
+        SplitLoader(
+            root=str(coco_tiny),
+            train_images="train2017",
+            train_ann="annotations/instances_train2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .train
+    )
     window = 8
     dataset = DetectionDataset(train, Mosaic(image_size=64, partners="window", partner_window=window), seed=3)
     dataset.use_window(RankOrder(len(train), 3), WindowCache(window + 4, 64))
     loads: list[int] = []
     real = image_reader.load_resized
-    monkeypatch.setattr(image_reader, "load_resized", lambda index, k, *a, **kw: loads.append(k) or real(index, k, *a, **kw))
+    monkeypatch.setattr(
+        image_reader, "load_resized", lambda index, k, *a, **kw: loads.append(k) or real(index, k, *a, **kw)
+    )
     keys = list(EpochSampler(len(train), 3, True, window=window).epoch_keys(2))[:40]
     planned = dataset.planned_epoch_reads(keys)
     assert sum(len(r) for r in planned) < sum(len(dataset.planned_reads(k)) for k in keys)  # some drawn ahead
@@ -101,8 +132,10 @@ def test_each_object_is_fetched_once_per_epoch_and_a_held_split_not_again(store,
     remote = s["remote"]
     assert remote["gets"] >= 80 and remote["misses"] <= remote["gets"] and remote["read_ahead"]["concurrency"] == 16
     assert remote["gets_per_sample"] <= 80 / 240 + 0.05  # val and annotations aside, a third of a GET per sample
-    local = run_in_process(bench(store, tmp_path / "c2", "bench.batches=30", "bench.epochs=3",
-                                 f"dataset.root={coco_tiny}"), tmp_path / "local")
+    local = run_in_process(
+        bench(store, tmp_path / "c2", "bench.batches=30", "bench.epochs=3", f"dataset.root={coco_tiny}"),
+        tmp_path / "local",
+    )
     assert s["batch_digest"] == local["batch_digest"]
 
 
@@ -169,7 +202,8 @@ def fetches_after_the_workers(monkeypatch, log: Path) -> None:
 
 @pytest.mark.parametrize("partners", ["augment.partners=dataset", "augment.partner_pool=8", "augment.partners=window"])
 def test_a_quarter_of_the_split_is_never_exceeded_and_costs_no_more_gets_than_reading_directly(
-        store, coco_tiny, tmp_path, partners, monkeypatch):
+    store, coco_tiny, tmp_path, partners, monkeypatch
+):
     """dataset.remote.cache_bytes at a quarter of the split, batch 8, 2 workers, one epoch,
     each read-ahead GET made only after a worker read that object itself: the copies never
     exceed the budget, and the server sees no more GETs than with no read-ahead at all. Before
@@ -192,8 +226,9 @@ def test_a_quarter_of_the_split_is_never_exceeded_and_costs_no_more_gets_than_re
     watcher.start()
     recorded(store, reset=True)
     try:
-        s = run_in_process(bench(store, tmp_path / "cache", f"dataset.remote.cache_bytes={budget}", *one_epoch),
-                           tmp_path / "run")
+        s = run_in_process(
+            bench(store, tmp_path / "cache", f"dataset.remote.cache_bytes={budget}", *one_epoch), tmp_path / "run"
+        )
     finally:
         stop.set()
         watcher.join()
@@ -215,8 +250,17 @@ def test_a_run_reads_nothing_past_its_last_batch(store, tmp_path):
     8 in batches of 8 (each image decoded once) with no read-ahead is exactly one GET per image
     (before: the workers' prefetched batches of the next epoch were GETs too)."""
     recorded(store, reset=True)
-    s = run_in_process(bench(store, tmp_path / "cache", "dataset.remote.cache_bytes=0", "bench.batches=10",
-                             "bench.digest_batches=10", "augment.partner_pool=8"), tmp_path / "run")
+    s = run_in_process(
+        bench(
+            store,
+            tmp_path / "cache",
+            "dataset.remote.cache_bytes=0",
+            "bench.batches=10",
+            "bench.digest_batches=10",
+            "augment.partner_pool=8",
+        ),
+        tmp_path / "run",
+    )
     gets = image_gets(recorded(store))
     assert s["batches"] == 10 and len(gets) == 80 and set(gets.values()) == {1}, sorted(gets.values())
 
@@ -240,12 +284,26 @@ def test_the_working_set_counts_what_is_live_at_once():
 def test_the_plan_prints_the_working_set_and_the_budget_that_holds_it(store, coco_tiny, tmp_path, caplog):
     """mode=plan names this rank's working set in objects and MiB; below it, one warning with the
     number to set; at that number, none. The auto default holds it where the disk can."""
+
     def plan(*extra):
         caplog.clear()
-        s = run_in_process(["mode=plan", "dataset=coco", f"dataset.root=s3://{BUCKET}",
-                            f"dataset.storage_options.endpoint_url={store}", f"dataset.cache_dir={tmp_path / 'c'}",
-                            "loader=explicit", "loader.num_workers=2", "loader.batch_size=8", *extra], tmp_path / "plan")
-        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "working set" in r.getMessage()]
+        s = run_in_process(
+            [
+                "mode=plan",
+                "dataset=coco",
+                f"dataset.root=s3://{BUCKET}",
+                f"dataset.storage_options.endpoint_url={store}",
+                f"dataset.cache_dir={tmp_path / 'c'}",
+                "loader=explicit",
+                "loader.num_workers=2",
+                "loader.batch_size=8",
+                *extra,
+            ],
+            tmp_path / "plan",
+        )
+        warnings = [
+            r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "working set" in r.getMessage()
+        ]
         return s["remote"]["read_ahead"], warnings
 
     caplog.set_level("INFO")
@@ -272,24 +330,47 @@ def test_under_ddp_each_rank_fetches_its_own_indices_with_the_local_digests(stor
     """trainer=ddp_cpu, 2 ranks: the server's log (each GET's User-Agent names the rank) shows
     each rank fetching its own share of epoch 0 and what its next epochs add (the train loader
     streams on across the epoch's end), each key once; the per-rank digests are the local root's."""
-    from cocodet.loader.epoch_sampler import EpochSampler
-    from cocodet.datasets.splits import SplitLoader
     from conftest import NARROW_MODEL, run_train
 
-    common = ["dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=1",
-              "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "trainer=ddp_cpu", "loader=explicit",
-              "loader.num_workers=1", f"dataset.cache_dir={tmp_path / 'cache'}",
-              # pools: a rank's partners then come from its own share (whole-dataset partners
-              # would read from every rank's, each object still once per rank)
-              "augment.partner_pool=8"]
+    from cocodet.datasets.splits import SplitLoader
+    from cocodet.loader.epoch_sampler import EpochSampler
+
+    common = [
+        "dataset.image_size=64",
+        "loader.batch_size=8",
+        NARROW_MODEL,
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false",
+        "trainer=ddp_cpu",
+        "loader=explicit",
+        "loader.num_workers=1",
+        f"dataset.cache_dir={tmp_path / 'cache'}",
+        # pools: a rank's partners then come from its own share (whole-dataset partners
+        # would read from every rank's, each object still once per rank)
+        "augment.partner_pool=8",
+    ]
     recorded(store, reset=True)
-    _, remote = run_train(["dataset=coco", f"dataset.root=s3://{BUCKET}", f"dataset.storage_options.endpoint_url={store}",
-                           *common], tmp_path / "remote", env=DUMMY_KEYS, timeout=900)
+    _, remote = run_train(
+        ["dataset=coco", f"dataset.root=s3://{BUCKET}", f"dataset.storage_options.endpoint_url={store}", *common],
+        tmp_path / "remote",
+        env=DUMMY_KEYS,
+        timeout=900,
+    )
     requests = [r for r in recorded(store) if r["method"] == "GET" and "/train2017/" in r["url"]]
     _, local = run_train(["dataset=coco", f"dataset.root={coco_tiny}", *common], tmp_path / "local", timeout=900)
     assert remote["ddp"]["stream_digests"] == local["ddp"]["stream_digests"]
-    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
-                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
+    train = (
+        SplitLoader(
+            root=str(coco_tiny),
+            train_images="train2017",
+            train_ann="annotations/instances_train2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .train
+    )
     name = [Path(str(p)).name for p in train.paths]
     for rank in (0, 1):
         mine = [r["url"].split("/train2017/", 1)[1] for r in requests if rank_of(r) == rank]

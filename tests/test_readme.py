@@ -15,14 +15,27 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
 
 README = REPO / "README.md"
 DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
-HEADINGS = ("Setup", "Your own data", "Watching a run", "Tracking runs in MLflow", "Resuming", "GPU hosts and containers", "Beyond one machine", "Kubernetes",
-            "Data in a bucket", "Published recipes", "Reference presets", "Using a trained detector",
-            "Sweeping the loader", "Configuration groups", "Troubleshooting")
+HEADINGS = (
+    "Setup",
+    "Your own data",
+    "Watching a run",
+    "Tracking runs in MLflow",
+    "Resuming",
+    "GPU hosts and containers",
+    "Beyond one machine",
+    "Kubernetes",
+    "Data in a bucket",
+    "Published recipes",
+    "Reference presets",
+    "Using a trained detector",
+    "Sweeping the loader",
+    "Configuration groups",
+    "Troubleshooting",
+)
 
 
 def headings(text: str) -> set[str]:
@@ -37,8 +50,9 @@ def headings(text: str) -> set[str]:
 
 def long_cells(text: str, limit: int = 300) -> list[str]:
     """Table cells over ``limit`` characters (an escaped ``\\|`` stays inside its cell)."""
-    cells = (c.strip() for line in text.splitlines() if line.startswith("|")
-             for c in re.split(r"(?<!\\)\|", line)[1:-1])
+    cells = (
+        c.strip() for line in text.splitlines() if line.startswith("|") for c in re.split(r"(?<!\\)\|", line)[1:-1]
+    )
     return [c[:60] + "..." for c in cells if len(c) > limit]
 
 
@@ -52,8 +66,15 @@ def test_readme_is_a_short_page_of_user_sections():
 
 # `README "Data in a bucket"`, `README, "Kubernetes"`, `README's "Resuming"`: a section by its heading.
 CITATION = re.compile(r"README(?:'s)?,? \\?\"([^\"\\]+)\\?\"")
-CITING = [REPO / "Dockerfile", *(p for folder in ("src", "conf", "scripts", "deploy", "benchmarks", "tests")
-                                 for p in sorted((REPO / folder).rglob("*")) if p.suffix in (".py", ".yaml", ".sh"))]
+CITING = [
+    REPO / "Dockerfile",
+    *(
+        p
+        for folder in ("src", "conf", "scripts", "deploy", "benchmarks", "tests")
+        for p in sorted((REPO / folder).rglob("*"))
+        if p.suffix in (".py", ".yaml", ".sh")
+    ),
+]
 
 
 def uncited_sections(files: list[Path], sections: set[str]) -> list[str]:
@@ -80,6 +101,7 @@ def test_every_readme_section_cited_exists(tmp_path):
 
 # ---- `$ python train.py ...` examples shown with their output ---------------------------------
 
+
 def shown_examples(text: str) -> list[tuple[str, list[str]]]:
     """(command, the output lines shown under it) for each ``$ python train.py`` line of a code
     block: its output runs to the next ``$`` line or the end of the block."""
@@ -104,8 +126,13 @@ def plan_rows(lines: list[str]) -> list[str]:
 
 def run_example(command: str, cwd: Path, coco_tiny: Path) -> subprocess.CompletedProcess:
     args = shlex.split(command.replace("../shared/data/coco_tiny", str(coco_tiny)))[2:]
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={cwd / 'run'}"], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={cwd / 'run'}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def example_mismatches(text: str, cwd: Path, coco_tiny: Path) -> list[str]:
@@ -135,14 +162,17 @@ def test_every_shown_example_prints_what_it_shows(coco_tiny, tmp_path):
 
 
 def test_a_stale_example_is_caught(coco_tiny, tmp_path):
-    stale = ("```\n$ python train.py experiment=coco_tinyy\nerror: In 'config': Could not find 'experiment/coco_tinyy' "
-             "Available options in 'experiment': coco_gpu coco_tiny\n```\n"
-             "```\n$ python train.py mode=plan\n  workers   2 (source: auto)\n  shm cap   <= 9\n```\n")
+    stale = (
+        "```\n$ python train.py experiment=coco_tinyy\nerror: In 'config': Could not find 'experiment/coco_tinyy' "
+        "Available options in 'experiment': coco_gpu coco_tiny\n```\n"
+        "```\n$ python train.py mode=plan\n  workers   2 (source: auto)\n  shm cap   <= 9\n```\n"
+    )
     wrong = example_mismatches(stale, tmp_path, coco_tiny)
     assert len(wrong) == 2 and "coco_tinyy" in wrong[0] and "rows shown ['workers', 'shm cap']" in wrong[1]
 
 
 # ---- option lists named in prose ----------------------------------------------------------------
+
 
 def named_list(text: str, lead: str) -> set[str]:
     """The backquoted names after ``lead`` up to the end of its sentence or parenthesis."""
@@ -157,15 +187,20 @@ def code_lists() -> dict[str, set[str]]:
     from cocodet.transforms.model_resize import BUILDER_SIZES, FIXED_SIZES
 
     backbones = {name + ("_features" if "FEATURES" in str(weights) else "") for name, weights in BACKBONES.values()}
-    return {"Models `augment=hflip|multiscale|lsj` take:": set(BUILDER_SIZES),
-            "Models `augment=ssd|ssdlite` take:": set(FIXED_SIZES),
-            "and `status`, one of": set(RUN_STATUSES),
-            "(an ImageNet state dict:": backbones}
+    return {
+        "Models `augment=hflip|multiscale|lsj` take:": set(BUILDER_SIZES),
+        "Models `augment=ssd|ssdlite` take:": set(FIXED_SIZES),
+        "and `status`, one of": set(RUN_STATUSES),
+        "(an ImageNet state dict:": backbones,
+    }
 
 
 def list_mismatches(text: str) -> list[str]:
-    return [f"{lead} {sorted(named_list(text, lead))} != {sorted(names)}" for lead, names in code_lists().items()
-            if named_list(text, lead) != names]
+    return [
+        f"{lead} {sorted(named_list(text, lead))} != {sorted(names)}"
+        for lead, names in code_lists().items()
+        if named_list(text, lead) != names
+    ]
 
 
 def test_option_lists_in_prose_are_the_programs():
@@ -173,18 +208,25 @@ def test_option_lists_in_prose_are_the_programs():
     design = (REPO / "docs" / "design.md").read_text()
     from cocodet.errors import RUN_STATUSES
 
-    assert re.findall(r"`(\w+)`", design.split("`last_ckpt`, `status`", 1)[1].split("`health`", 1)[0]) == [
-        "completed", "preempted", "interrupted", "store_down", "disk_full", "diverged", "collapsed", "nonfinite"] == list(RUN_STATUSES)
+    assert (
+        re.findall(r"`(\w+)`", design.split("`last_ckpt`, `status`", 1)[1].split("`health`", 1)[0])
+        == ["completed", "preempted", "interrupted", "store_down", "disk_full", "diverged", "collapsed", "nonfinite"]
+        == list(RUN_STATUSES)
+    )
     stale = README.read_text().replace("`ssd300_vgg16`, `ssdlite320", "`ssdlite320")
-    assert list_mismatches(stale) == ["Models `augment=ssd|ssdlite` take: ['ssdlite320_mobilenet_v3_large'] != "
-                                      "['ssd300_vgg16', 'ssdlite320_mobilenet_v3_large']"]
+    assert list_mismatches(stale) == [
+        "Models `augment=ssd|ssdlite` take: ['ssdlite320_mobilenet_v3_large'] != "
+        "['ssd300_vgg16', 'ssdlite320_mobilenet_v3_large']"
+    ]
 
 
 def test_every_status_the_code_sets_is_listed():
     from cocodet.errors import RUN_STATUSES
 
     source = "\n".join(p.read_text() for p in (REPO / "src" / "cocodet").rglob("*.py"))
-    set_here = set(re.findall(r'^    status = "(\w+)"', source, re.M)) - {"stopped"}  # RunStopped's own: never raised bare
+    set_here = set(re.findall(r'^    status = "(\w+)"', source, re.M)) - {
+        "stopped"
+    }  # RunStopped's own: never raised bare
     fit = (REPO / "src" / "cocodet" / "modes" / "train.py").read_text()
     set_here |= set(re.findall(r'return "(\w+)", None', fit))  # completed / preempted / interrupted
     set_here |= set(re.findall(r'TrainingStopped\([^\n]*"(\w+)"\)', source))
@@ -192,6 +234,7 @@ def test_every_status_the_code_sets_is_listed():
 
 
 # ---- the commands of "Your own data", "Resuming" and the GPU section, run as a user would -------
+
 
 def section(name: str) -> str:
     return README.read_text().split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
@@ -208,8 +251,14 @@ def run_user_command(command: str, cwd: Path, swaps: dict[str, str], extra: list
     for old, new in swaps.items():
         command = command.replace(old, new)
     argv = [sys.executable, str(REPO / "train.py"), *shlex.split(command)[2:], *extra]
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+    return subprocess.run(
+        argv,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
+    )
 
 
 SMALL = ["dataset.image_size=64", "loader.batch_size=8"]
@@ -236,9 +285,12 @@ def user_folder(tmp_path, coco_tiny):
     from yolo_layout import coco_as_yolo
 
     for split in ("train2017", "val2017"):
-        names = coco_as_yolo(coco_tiny / "annotations" / f"instances_{split}.json", coco_tiny / split, shop / "yolo", split)
-    (shop / "data.yaml").write_text(yaml.safe_dump({"path": "yolo", "train": "images/train2017",
-                                                     "val": "images/val2017", "names": names}))
+        names = coco_as_yolo(
+            coco_tiny / "annotations" / f"instances_{split}.json", coco_tiny / split, shop / "yolo", split
+        )
+    (shop / "data.yaml").write_text(
+        yaml.safe_dump({"path": "yolo", "train": "images/train2017", "val": "images/val2017", "names": names})
+    )
     (tmp_path / "weights").mkdir()
     torch.save(tvm.resnet18().state_dict(), tmp_path / "weights" / "resnet18-f37072fd.pth")
     work = tmp_path / "work"
@@ -267,8 +319,14 @@ def test_your_own_data_and_the_gpu_commands_run_as_written(user_folder):
 @pytest.mark.slow
 def test_the_resuming_commands_run_as_written(user_folder):
     work, swaps = user_folder
-    steps = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
-             "model.detector.fpn_channels=64", "trainer.enable_progress_bar=false", *SMALL]
+    steps = [
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "model.detector.fpn_channels=64",
+        "trainer.enable_progress_bar=false",
+        *SMALL,
+    ]
     first, last, if_any = commands(section("Resuming"))
     assert "ckpt_path" not in first and "ckpt_path=last" in last and "ckpt_path=last_if_any" in if_any
     assert run_user_command(first, work, swaps, steps).returncode == 0
@@ -289,7 +347,15 @@ def test_the_resuming_commands_run_as_written(user_folder):
 def test_ckpt_path_last_resumes_a_run_stopped_before_its_first_epoch_end(coco_tiny, tmp_path):
     """Run A completes; run B is stopped by SIGTERM at step 4, before its first epoch end, and
     holds only resume.ckpt. ``ckpt_path=last`` must resume B, the newest, not A."""
-    base = ["dataset=coco", f"dataset.root={coco_tiny}", "trainer.max_epochs=1", "trainer.limit_val_batches=1", "model.detector.fpn_channels=64", "trainer.enable_progress_bar=false", *SMALL]
+    base = [
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+        "model.detector.fpn_channels=64",
+        "trainer.enable_progress_bar=false",
+        *SMALL,
+    ]
     sigterm = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=4"]
     run = lambda *extra: run_user_command("python train.py", tmp_path, {}, [*base, *extra])  # noqa: E731
     assert run("hydra.run.dir=outputs/a/run", "trainer.limit_train_batches=3").returncode == 0  # resumed: 3 steps
@@ -301,6 +367,7 @@ def test_ckpt_path_last_resumes_a_run_stopped_before_its_first_epoch_end(coco_ti
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 6, summary["steps"]  # B's 4 steps, then its remaining 2 (A would give its 3)
     line = [ln for ln in resumed.stderr.splitlines() if ln.startswith("ckpt_path=last:")]
-    assert len(line) == 1 and line[0].startswith("ckpt_path=last: resuming run outputs/b/run from resume.ckpt; "
-                                                 "this run writes to ")
+    assert len(line) == 1 and line[0].startswith(
+        "ckpt_path=last: resuming run outputs/b/run from resume.ckpt; this run writes to "
+    )
     assert line[0].endswith(f"pass hydra.run.dir={(tmp_path / 'outputs' / 'b' / 'run').resolve()}")

@@ -28,13 +28,12 @@ import numpy as np
 import pytest
 import torch
 import torchvision.models.detection as tvd
-from torchvision import tv_tensors
-from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
-from torchvision.transforms import v2
-
 from conftest import REPO
 from test_reference_presets import fixed_size_crop
 from test_ssd_presets import torch_draws_from
+from torchvision import tv_tensors
+from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
+from torchvision.transforms import v2
 
 RECIPES = {  # experiment: (torchvision builder, preset)
     "tv_fasterrcnn_resnet50_fpn": ("fasterrcnn_resnet50_fpn", "hflip"),
@@ -55,12 +54,21 @@ def parity_root(coco_tiny, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("parity")
     data = json.loads((coco_tiny / "annotations" / "instances_train2017.json").read_text())
     ids = {*KEPT_IDS, CROWD_ONLY, EMPTY}
-    anns = [{**a, "iscrowd": 1 if a["image_id"] == CROWD_ONLY else a["iscrowd"]} for a in data["annotations"]
-            if a["image_id"] in ids - {EMPTY}]
+    anns = [
+        {**a, "iscrowd": 1 if a["image_id"] == CROWD_ONLY else a["iscrowd"]}
+        for a in data["annotations"]
+        if a["image_id"] in ids - {EMPTY}
+    ]
     (root / "annotations").mkdir()
-    (root / "annotations" / "instances_train2017.json").write_text(json.dumps(
-        {"images": [i for i in data["images"] if i["id"] in ids], "annotations": anns,
-         "categories": data["categories"]}))
+    (root / "annotations" / "instances_train2017.json").write_text(
+        json.dumps(
+            {
+                "images": [i for i in data["images"] if i["id"] in ids],
+                "annotations": anns,
+                "categories": data["categories"],
+            }
+        )
+    )
     (root / "annotations" / "instances_val2017.json").symlink_to(coco_tiny / "annotations" / "instances_val2017.json")
     (root / "train2017").symlink_to(coco_tiny / "train2017")
     (root / "val2017").symlink_to(coco_tiny / "val2017")
@@ -69,8 +77,14 @@ def parity_root(coco_tiny, tmp_path_factory) -> Path:
 
 def overrides(experiment: str, root: Path) -> list[str]:
     sized = [] if "ssd" in experiment else [f"+model.detector.{k}={v}" for k, v in REDUCED.items()]
-    return [f"experiment={experiment}", f"dataset.root={root}", "trainer=cpu", "trainer.precision=32-true", "seed=0",
-            *sized]
+    return [
+        f"experiment={experiment}",
+        f"dataset.root={root}",
+        "trainer=cpu",
+        "trainer.precision=32-true",
+        "seed=0",
+        *sized,
+    ]
 
 
 def cocodet_side(experiment: str, root: Path, run_dir: Path):
@@ -107,8 +121,12 @@ def preset_steps(preset: str) -> list:
     if preset == "hflip":
         return [v2.RandomHorizontalFlip(0.5)]
     if preset == "ssd":
-        return [v2.RandomPhotometricDistort(), v2.RandomZoomOut(fill=[123.0, 117.0, 104.0]), v2.RandomIoUCrop(),
-                v2.RandomHorizontalFlip(0.5)]
+        return [
+            v2.RandomPhotometricDistort(),
+            v2.RandomZoomOut(fill=[123.0, 117.0, 104.0]),
+            v2.RandomIoUCrop(),
+            v2.RandomHorizontalFlip(0.5),
+        ]
     if preset == "ssdlite":
         return [v2.RandomIoUCrop(), v2.RandomHorizontalFlip(0.5)]
     raise ValueError(preset)
@@ -120,7 +138,8 @@ def public_side(preset: str, root: Path, category_ids: list[int], image_ids: lis
     contiguous labels. Returns (images, targets, the ids the reference rule keeps)."""
     dataset = wrap_dataset_for_transforms_v2(
         CocoDetection(str(root / "train2017"), str(root / "annotations" / "instances_train2017.json")),
-        target_keys=["boxes", "labels", "image_id", "iscrowd"])
+        target_keys=["boxes", "labels", "image_id", "iscrowd"],
+    )
     coco = dataset._dataset.coco
     kept = [i for i in dataset._dataset.ids if has_valid_annotation(coco.loadAnns(coco.getAnnIds(imgIds=i)))]
     label_of = {cid: k + 1 for k, cid in enumerate(sorted(category_ids))}
@@ -129,11 +148,16 @@ def public_side(preset: str, root: Path, category_ids: list[int], image_ids: lis
         image, target = dataset[dataset._dataset.ids.index(image_id)]
         image = v2.PILToTensor()(image)
         crowd = torch.as_tensor(target.get("iscrowd", []), dtype=torch.bool)  # a list in the wrapper's target
-        boxes = target["boxes"] if "boxes" in target else tv_tensors.BoundingBoxes(
-            torch.zeros(0, 4), format="XYXY", canvas_size=image.shape[1:])
+        boxes = (
+            target["boxes"]
+            if "boxes" in target
+            else tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=image.shape[1:])
+        )
         labels = target["labels"] if "labels" in target else torch.zeros(0, dtype=torch.int64)
-        sample = {"boxes": tv_tensors.wrap(boxes[~crowd], like=boxes), "labels": torch.tensor([label_of[int(c)] for c in labels[~crowd]],
-                                                                  dtype=torch.int64)}
+        sample = {
+            "boxes": tv_tensors.wrap(boxes[~crowd], like=boxes),
+            "labels": torch.tensor([label_of[int(c)] for c in labels[~crowd]], dtype=torch.int64),
+        }
         with torch_draws_from(np.random.default_rng(seed_of[image_id])):
             if preset == "lsj":
                 image, sample = v2.ScaleJitter((1024, 1024), (0.1, 2.0))(image, sample)
@@ -141,9 +165,14 @@ def public_side(preset: str, root: Path, category_ids: list[int], image_ids: lis
                 image, sample = v2.RandomHorizontalFlip(0.5)(image, {"boxes": b, "labels": lab})
             else:
                 image, sample = v2.Compose(preset_steps(preset))(image, sample)
-        image, sample = v2.Compose([v2.ToDtype(torch.float32, scale=True),
-                                    v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
-                                    v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])(image, sample)
+        image, sample = v2.Compose(
+            [
+                v2.ToDtype(torch.float32, scale=True),
+                v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
+                v2.SanitizeBoundingBoxes(),
+                v2.ToPureTensor(),
+            ]
+        )(image, sample)
         images.append(image)
         targets.append({"boxes": sample["boxes"].float(), "labels": sample["labels"]})
     return images, targets, kept
@@ -209,8 +238,13 @@ def mismatches(ours: tuple, theirs: tuple) -> list[str]:
         if not torch.equal(a_targets[k]["labels"], b_targets[k]["labels"]):
             wrong.append(f"image {k}: labels {a_targets[k]['labels'].tolist()} != {b_targets[k]['labels'].tolist()}")
         elif not torch.allclose(a_targets[k]["boxes"], b_targets[k]["boxes"], atol=1e-3, rtol=0):
-            wrong.append(f"image {k}: boxes differ by {float((a_targets[k]['boxes'] - b_targets[k]['boxes']).abs().max()):.4f} px")
-    a, b = losses(our_model, our_images, our_targets, b_targets), losses(their_model, their_images, their_targets, b_targets)
+            wrong.append(
+                f"image {k}: boxes differ by {float((a_targets[k]['boxes'] - b_targets[k]['boxes']).abs().max()):.4f} px"
+            )
+    a, b = (
+        losses(our_model, our_images, our_targets, b_targets),
+        losses(their_model, their_images, their_targets, b_targets),
+    )
     wrong += [f"loss {k}: {a[k]:.5f} != {b[k]:.5f}" for k in b if abs(a[k] - b[k]) > 0.01 * abs(b[k]) + 1e-6]
     return wrong
 
@@ -237,8 +271,10 @@ def model_classes(model) -> int:
     return model.head.classification_head.num_classes
 
 
-@pytest.mark.parametrize("experiment", [pytest.param(e, marks=[] if e == "tv_ssdlite320_mobilenet_v3_large" else
-                                                     pytest.mark.slow) for e in RECIPES])
+@pytest.mark.parametrize(
+    "experiment",
+    [pytest.param(e, marks=[] if e == "tv_ssdlite320_mobilenet_v3_large" else pytest.mark.slow) for e in RECIPES],
+)
 def test_the_recipes_first_step_is_torchvisions(experiment, parity_root, tmp_path):
     builder, preset = RECIPES[experiment]
     model, images, targets, category_ids = cocodet_side(experiment, parity_root, tmp_path)

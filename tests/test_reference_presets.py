@@ -10,32 +10,36 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from conftest import run_in_process
 from scipy import stats
 from torchvision import tv_tensors
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from conftest import run_in_process
 from cocodet.datasets.index import build_index
-from cocodet.transforms.model_resize import BUILDER_SIZES, builder_sizes
 from cocodet.images.read import load_raw
-from cocodet.transforms.reference_presets import HFlip, LargeScaleJitter, ModelResize, MultiScale
 from cocodet.loader.flat_batch import flatten, restore
 from cocodet.models.zoo import LoaderSizedTransform, build_detector
 from cocodet.sample import make_sample
+from cocodet.transforms.model_resize import BUILDER_SIZES, builder_sizes
+from cocodet.transforms.reference_presets import HFlip, LargeScaleJitter, ModelResize, MultiScale
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # every zoo model's (ImageNet) statistics
 SIZES = (800, 1333)
-PRESETS = {"hflip": lambda: HFlip(128, SIZES), "multiscale": lambda: MultiScale(128, SIZES),
-           "lsj": lambda: LargeScaleJitter(128, SIZES)}
+PRESETS = {
+    "hflip": lambda: HFlip(128, SIZES),
+    "multiscale": lambda: MultiScale(128, SIZES),
+    "lsj": lambda: LargeScaleJitter(128, SIZES),
+}
 N_IMAGES = 6
 
 
 def reference_raws(coco_tiny):
     """coco_tiny train images with their boxes under the reference's rule (any positive extent)."""
-    index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json",
-                        keep_empty="reference")
+    index = build_index(
+        coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json", keep_empty="reference"
+    )
     return [load_raw(index, k, min_box_side=0.0) for k in range(N_IMAGES)]
 
 
@@ -48,6 +52,7 @@ def raws(coco_tiny):
 def torch_draws_from(rng: np.random.Generator):
     """torch.rand / torch.randint answered from ``rng`` as float32 / ints: v2's transforms then
     draw exactly what the recipe drew from the same per-sample generator."""
+
     def rand(*size, **kw):
         return torch.tensor([np.float32(rng.random())], dtype=torch.float32).reshape(size if size != (1,) else (1,))
 
@@ -109,8 +114,12 @@ def stock_transform(train: bool, resizes: bool) -> GeneralizedRCNNTransform:
 
 def ours_through_the_model(samples: list, train: bool):
     """cocodet's samples through the FlatBatch transport and the model's (loader-sized) transform."""
-    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(4))
-                    for k, s in enumerate(samples)])
+    flat = flatten(
+        [
+            make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(4))
+            for k, s in enumerate(samples)
+        ]
+    )
     images, targets = restore(flat)
     return LoaderSizedTransform(*SIZES, MEAN, STD).train(train)(images, [dict(t) for t in targets]), flat
 
@@ -136,7 +145,8 @@ def test_samples_match_the_reference_given_the_same_draws(name, raws):
     resizes = ref[0][3]
     ref_list, ref_targets = stock_transform(True, resizes)(
         [F.to_dtype(im, torch.float32, scale=True) for im, *_ in ref],
-        [{"boxes": b.float(), "labels": lab} for _, b, lab, _ in ref])
+        [{"boxes": b.float(), "labels": lab} for _, b, lab, _ in ref],
+    )
     assert ours_list.image_sizes == ref_list.image_sizes
     assert ours_list.tensors.shape == ref_list.tensors.shape  # the same padding to 32: nothing padded again
     for k, (h, w) in enumerate(ref_list.image_sizes):
@@ -151,8 +161,9 @@ def test_evaluation_resize_matches_the_models_own(raws):
     recipe = ModelResize(128, SIZES)
     ours = [recipe(raw, None, []) for raw in raws]
     (ours_list, _), _ = ours_through_the_model(ours, train=False)
-    ref_list, _ = stock_transform(False, True)([F.to_dtype(torch.from_numpy(r[0]).permute(2, 0, 1), torch.float32,
-                                                           scale=True) for r in raws])
+    ref_list, _ = stock_transform(False, True)(
+        [F.to_dtype(torch.from_numpy(r[0]).permute(2, 0, 1), torch.float32, scale=True) for r in raws]
+    )
     assert ours_list.image_sizes == ref_list.image_sizes and ours_list.tensors.shape == ref_list.tensors.shape
     for k, (h, w) in enumerate(ref_list.image_sizes):
         assert levels(ours_list.tensors[k, :, :h, :w], ref_list.tensors[k, :, :h, :w]) <= TOLERANCE["hflip"]
@@ -189,8 +200,9 @@ def test_multiscale_sizes_are_distributed_as_v2s():
 def test_lsj_sizes_are_distributed_as_v2s():
     h, w = 427, 640
     recipe = LargeScaleJitter(128, SIZES)
-    ours = [recipe.jitter_hw(h, w, float(np.float32(np.random.default_rng((2, 0, k)).random())))
-            for k in range(N_DRAWS)]
+    ours = [
+        recipe.jitter_hw(h, w, float(np.float32(np.random.default_rng((2, 0, k)).random()))) for k in range(N_DRAWS)
+    ]
     torch.manual_seed(2)
     t = v2.ScaleJitter((1024, 1024), (0.1, 2.0))
     theirs = [t.make_params([torch.zeros(3, h, w, dtype=torch.uint8)])["size"] for _ in range(N_DRAWS)]
@@ -214,6 +226,7 @@ def test_flip_probability_is_v2s():
 
 # --- the model's transform ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(BUILDER_SIZES))
 def test_the_models_transform_neither_resizes_nor_pads_again(name, raws):
     """Each zoo model that suits these presets: its builder's sizes are what model_resize
@@ -222,10 +235,15 @@ def test_the_models_transform_neither_resizes_nor_pads_again(name, raws):
     stock = build_detector(name, num_classes=3, image_size=128, loader_resizes=True).transform
     assert isinstance(stock, LoaderSizedTransform)
     assert (stock.min_size, stock.max_size) == ((BUILDER_SIZES[name][0],), BUILDER_SIZES[name][1])
-    samples = [HFlip(128, builder_sizes(name))(raw, np.random.default_rng((0, 0, k)), [])
-               for k, raw in enumerate(raws[:3])]
-    flat = flatten([make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(4))
-                    for k, s in enumerate(samples)])
+    samples = [
+        HFlip(128, builder_sizes(name))(raw, np.random.default_rng((0, 0, k)), []) for k, raw in enumerate(raws[:3])
+    ]
+    flat = flatten(
+        [
+            make_sample(s.image, s.boxes, s.labels, (0, k), k, np.ones(4, np.float32), np.zeros(4))
+            for k, s in enumerate(samples)
+        ]
+    )
     images, targets = restore(flat)
     for train in (True, False):
         out, _ = stock.train(train)(images, [dict(t) for t in targets] if train else None)
@@ -235,20 +253,39 @@ def test_the_models_transform_neither_resizes_nor_pads_again(name, raws):
 
 # --- the stream contract, for each preset ------------------------------------------------
 
+
 def bench_digest(coco_tiny, tmp_path, preset: str, *extra: str) -> str:
-    s = run_in_process(["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", f"augment={preset}",
-                        "model=fasterrcnn_mobilenet_v3_large_fpn", "loader=explicit", "loader.batch_size=4",
-                        "bench.batches=6", "bench.warmup=0", "bench.digest_batches=6", "bench.decode_probe=0", *extra],
-                       tmp_path)
+    s = run_in_process(
+        [
+            "mode=bench",
+            "dataset=coco",
+            f"dataset.root={coco_tiny}",
+            f"augment={preset}",
+            "model=fasterrcnn_mobilenet_v3_large_fpn",
+            "loader=explicit",
+            "loader.batch_size=4",
+            "bench.batches=6",
+            "bench.warmup=0",
+            "bench.digest_batches=6",
+            "bench.decode_probe=0",
+            *extra,
+        ],
+        tmp_path,
+    )
     assert s["digest_batches"] == 6 and s["image_side"] == {"lsj": 1024}.get(preset, 1344)
     return s["batch_digest"]
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_stream_is_independent_of_workers_and_parts(preset, coco_tiny, tmp_path):
-    digests = {name: bench_digest(coco_tiny, tmp_path / name, preset, *extra)
-               for name, extra in {"w0": ["loader.num_workers=0"], "w2": ["loader.num_workers=2"],
-                                   "parts": ["loader.num_workers=2", "loader.part_images=3"]}.items()}
+    digests = {
+        name: bench_digest(coco_tiny, tmp_path / name, preset, *extra)
+        for name, extra in {
+            "w0": ["loader.num_workers=0"],
+            "w2": ["loader.num_workers=2"],
+            "parts": ["loader.num_workers=2", "loader.part_images=3"],
+        }.items()
+    }
     assert len(set(digests.values())) == 1, digests
     assert bench_digest(coco_tiny, tmp_path / "seed1", preset, "loader.num_workers=0", "seed=1") != digests["w0"]
 
@@ -257,8 +294,9 @@ def test_batches_are_padded_to_their_own_largest_image(coco_tiny):
     """multiscale: each batch has its own size, its largest image rounded up to 32."""
     from cocodet.data.dataset import DetectionDataset
 
-    index = build_index(coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json",
-                        keep_empty="reference")
+    index = build_index(
+        coco_tiny / "train2017", coco_tiny / "annotations" / "instances_train2017.json", keep_empty="reference"
+    )
     dataset = DetectionDataset(index, MultiScale(128, SIZES), seed=0)
     shapes = set()
     for b in range(4):
@@ -274,16 +312,33 @@ def test_pixel_cache_is_refused_in_one_line(coco_tiny, tmp_path):
     from cocodet.data.split_datasets import PixelCacheConfigError
 
     with pytest.raises(PixelCacheConfigError, match="dataset.cache=ram cannot hold what HFlip reads.*about 100 GB"):
-        run_in_process(["mode=preview", "dataset=coco", f"dataset.root={coco_tiny}", "augment=hflip", "dataset.cache=ram",
-                        "model=fasterrcnn_mobilenet_v3_large_fpn"], tmp_path)
+        run_in_process(
+            [
+                "mode=preview",
+                "dataset=coco",
+                f"dataset.root={coco_tiny}",
+                "augment=hflip",
+                "dataset.cache=ram",
+                "model=fasterrcnn_mobilenet_v3_large_fpn",
+            ],
+            tmp_path,
+        )
 
 
 def test_a_model_with_a_fixed_input_size_is_refused(coco_tiny, tmp_path):
     from cocodet.transforms.model_resize import ModelSizeError
 
     with pytest.raises(ModelSizeError, match="ssdlite320_mobilenet_v3_large fixes its input size"):
-        run_in_process(["mode=plan", "dataset=coco", f"dataset.root={coco_tiny}", "augment=lsj",
-                        "model=ssdlite320_mobilenet_v3_large"], tmp_path)
+        run_in_process(
+            [
+                "mode=plan",
+                "dataset=coco",
+                f"dataset.root={coco_tiny}",
+                "augment=lsj",
+                "model=ssdlite320_mobilenet_v3_large",
+            ],
+            tmp_path,
+        )
 
 
 def test_reference_rule_for_train_images(tmp_path):
@@ -294,9 +349,11 @@ def test_reference_rule_for_train_images(tmp_path):
 
     (tmp_path / "img").mkdir()
     images = [{"id": i, "file_name": f"{i}.jpg", "height": 100, "width": 100} for i in (1, 2, 3, 4)]
-    anns = [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 50, 50], "iscrowd": 1},
-            {"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 1, 50], "iscrowd": 0},
-            {"id": 3, "image_id": 4, "category_id": 1, "bbox": [5, 5, 20, 20], "iscrowd": 0}]
+    anns = [
+        {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 50, 50], "iscrowd": 1},
+        {"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 1, 50], "iscrowd": 0},
+        {"id": 3, "image_id": 4, "category_id": 1, "bbox": [5, 5, 20, 20], "iscrowd": 0},
+    ]
     ann = tmp_path / "ann.json"
     ann.write_text(json.dumps({"images": images, "annotations": anns, "categories": [{"id": 1, "name": "a"}]}))
     assert build_index(tmp_path / "img", ann, keep_empty="reference").image_ids.tolist() == [1, 4]
@@ -306,8 +363,11 @@ def test_reference_rule_for_train_images(tmp_path):
 
 # Small sizes so that a CPU trains them in seconds: the contract does not depend on the size.
 MODEL_SMALL = ["+model.detector.min_size=96", "+model.detector.max_size=160"]  # train (hflip) and eval resize
-SMALL = {"hflip": MODEL_SMALL, "multiscale": [*MODEL_SMALL, "augment.min_sizes=[64,96,128]", "augment.max_size=160"],
-         "lsj": [*MODEL_SMALL, "augment.size=128"]}
+SMALL = {
+    "hflip": MODEL_SMALL,
+    "multiscale": [*MODEL_SMALL, "augment.min_sizes=[64,96,128]", "augment.max_size=160"],
+    "lsj": [*MODEL_SMALL, "augment.size=128"],
+}
 
 
 @pytest.mark.slow
@@ -317,16 +377,31 @@ def test_mid_epoch_resume_is_exact(preset, synthetic_root, tmp_path):
     stream of the uninterrupted run. The runs without a signal run in this process."""
     from conftest import NARROW_MODEL, REPO, run_train, synthetic_overrides
 
-    common = [*synthetic_overrides(synthetic_root), f"augment={preset}", *SMALL[preset], NARROW_MODEL, "loader.batch_size=8",
-              "trainer.max_epochs=1", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
-              "loader=explicit"]
+    common = [
+        *synthetic_overrides(synthetic_root),
+        f"augment={preset}",
+        *SMALL[preset],
+        NARROW_MODEL,
+        "loader.batch_size=8",
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false",
+        "loader=explicit",
+    ]
     whole = run_in_process([*common, "loader.num_workers=2"], tmp_path / "whole")
     assert whole["status"] == "completed" and whole["steps"] == 6
     assert whole["plan"]["group_aspect_ratio"] == 3  # the presets' default: grouped batches resume exactly too
-    signal = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=3",
-              "+callbacks.signal_at.signal_name=SIGTERM"]
-    _, first = run_train([*common, "loader.num_workers=2", *signal], tmp_path / "cut",
-                         env={"PYTHONPATH": str(REPO / "tests")}, timeout=600)
+    signal = [
+        "+callbacks.signal_at._target_=signal_at_step.SignalAtStep",
+        "+callbacks.signal_at.step=3",
+        "+callbacks.signal_at.signal_name=SIGTERM",
+    ]
+    _, first = run_train(
+        [*common, "loader.num_workers=2", *signal],
+        tmp_path / "cut",
+        env={"PYTHONPATH": str(REPO / "tests")},
+        timeout=600,
+    )
     assert first["status"] == "preempted" and first["stream_position"]["batches"] == 3
     second = run_in_process([*common, "loader.num_workers=0", "ckpt_path=last"], tmp_path / "cut")
     assert second["steps"] == 6 and second["stream_digest"] == whole["stream_digest"]
@@ -337,9 +412,20 @@ def test_preview_draws_preset_batches_at_their_sizes(tmp_path, coco_tiny):
     """mode=preview with multiscale: grids of batches whose tiles have the sizes drawn."""
     import cv2
 
-    s = run_in_process(["mode=preview", "preview.batches=3", "dataset=coco", f"dataset.root={coco_tiny}",
-                        "augment=multiscale", "model=fasterrcnn_mobilenet_v3_large_fpn", "loader.batch_size=4",
-                        "loader=explicit", "loader.num_workers=0"], tmp_path / "run")
+    s = run_in_process(
+        [
+            "mode=preview",
+            "preview.batches=3",
+            "dataset=coco",
+            f"dataset.root={coco_tiny}",
+            "augment=multiscale",
+            "model=fasterrcnn_mobilenet_v3_large_fpn",
+            "loader.batch_size=4",
+            "loader=explicit",
+            "loader.num_workers=0",
+        ],
+        tmp_path / "run",
+    )
     grids = [cv2.imread(p) for p in s["pngs"]]
     assert len(grids) == 3 and all(g is not None and g.std() > 20 for g in grids)
     assert all(g.shape[0] >= 480 and g.shape[1] >= 4 * 480 for g in grids)  # tiles at the drawn sizes, not 128

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import s3fs  # noqa: F401  (pinned in requirements.txt: missing, it fails here, never skips)
-
 from conftest import NARROW_MODEL, REPO, is_root, run_in_process, run_train
 from moto_store import DUMMY_KEYS, filled_store, moto_server, recorded, s3_client, upload_folder
 
@@ -35,16 +34,30 @@ def remote(endpoint: str, bucket: str = BUCKET) -> list[str]:
 
 
 def bench_args(root_args: list[str], *extra: str) -> list[str]:
-    return ["mode=bench", *root_args, "dataset.image_size=192", "loader=explicit", "loader.batch_size=4",
-            "bench.batches=20", "bench.warmup=0", "bench.digest_batches=20", "bench.decode_probe=0", *extra]
+    return [
+        "mode=bench",
+        *root_args,
+        "dataset.image_size=192",
+        "loader=explicit",
+        "loader.batch_size=4",
+        "bench.batches=20",
+        "bench.warmup=0",
+        "bench.digest_batches=20",
+        "bench.decode_probe=0",
+        *extra,
+    ]
 
 
 def test_the_stream_equals_the_local_roots_at_every_worker_count_and_with_parts(store, coco_tiny, tmp_path):
-    local = run_in_process(bench_args(["dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"),
-                           tmp_path / "local")
+    local = run_in_process(
+        bench_args(["dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"), tmp_path / "local"
+    )
     digests = {}
-    for name, extra in {"w0": ["loader.num_workers=0", "bench.decode_probe=2"], "w1": ["loader.num_workers=1"],
-                        "w2_parts": ["loader.num_workers=2", "loader.part_images=3"]}.items():
+    for name, extra in {
+        "w0": ["loader.num_workers=0", "bench.decode_probe=2"],
+        "w1": ["loader.num_workers=1"],
+        "w2_parts": ["loader.num_workers=2", "loader.part_images=3"],
+    }.items():
         s = run_in_process(bench_args(remote(store), *extra), tmp_path / name)
         assert s["digest_batches"] == 20 and s["examples"] == 80, name
         digests[name] = s["batch_digest"]
@@ -55,8 +68,9 @@ def test_the_pixel_cache_of_a_bucket_is_keyed_by_one_listing(store, coco_tiny, t
     """dataset.cache=disk on the bucket: built with one GET per image, the same batches as
     decoding, and a second start that asks the store for nothing but listings (no HEAD per
     object, no image read)."""
-    args = bench_args(remote(store), "loader.num_workers=2", "dataset.cache=disk",
-                      f"dataset.cache_dir={tmp_path / 'cache'}")
+    args = bench_args(
+        remote(store), "loader.num_workers=2", "dataset.cache=disk", f"dataset.cache_dir={tmp_path / 'cache'}"
+    )
     recorded(store, reset=True)
     first = run_in_process(args, tmp_path / "first")
     images = [r for r in recorded(store) if "2017/0" in r["url"]]
@@ -66,8 +80,9 @@ def test_the_pixel_cache_of_a_bucket_is_keyed_by_one_listing(store, coco_tiny, t
     again = recorded(store)
     assert [r for r in again if "2017/0" in r["url"]] == [], "the second start read or HEADed images"
     assert all(r["method"] in ("GET", "HEAD") for r in again)
-    local = run_in_process(bench_args(["dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"),
-                           tmp_path / "local")
+    local = run_in_process(
+        bench_args(["dataset=coco", f"dataset.root={coco_tiny}"], "loader.num_workers=2"), tmp_path / "local"
+    )
     assert first["batch_digest"] == second["batch_digest"] == local["batch_digest"]
     assert second["decodes_per_sample"] == 0
 
@@ -103,16 +118,25 @@ def test_the_read_ahead_budget_fits_a_small_disk_and_a_number_that_cannot_is_ref
     refused in one line with the folder and its free space."""
     copies = tmp_path / "copies"
     copies.mkdir()
-    small_disk = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                  f'mount -t tmpfs -o size=64m tmpfs {copies} && exec "$@"', "sh"]
+    small_disk = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size=64m tmpfs {copies} && exec "$@"',
+        "sh",
+    ]
     args = ["mode=plan", *remote(store), f"dataset.remote.cache_dir={copies}"]
     proc, s = run_train(args, tmp_path / "auto", prefix=small_disk)
     budget = s["remote"]["read_ahead"]
     assert "(auto: half of the 0.1 GiB free there, at most 4 GiB)" in proc.stdout + proc.stderr
     assert 30 * 2**20 <= budget["cache_bytes"] <= 32 * 2**20 and budget["free_bytes"] > 60 * 2**20, budget
     assert budget["holds_the_split"]  # coco_tiny's 80 train images: 11.7 MiB
-    proc, _ = run_train([*args, "dataset.remote.cache_bytes=4294967296"], tmp_path / "asked", prefix=small_disk,
-                        check=False)
+    proc, _ = run_train(
+        [*args, "dataset.remote.cache_bytes=4294967296"], tmp_path / "asked", prefix=small_disk, check=False
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert f"dataset.remote.cache_bytes=4294967296 (4.0 GiB) does not fit in {copies}: 0.1 GiB free there" in last
@@ -135,15 +159,33 @@ def test_the_annotation_is_fetched_once_and_the_index_not_parsed_again(store, tm
 
 
 def test_prediction_grid_tiles_are_read_from_the_bucket(store, coco_tiny):
-    from cocodet.storage import store as storage
     from cocodet.datasets.splits import SplitLoader
     from cocodet.models.prediction_grid import _stored_image
+    from cocodet.storage import store as storage
 
     storage.configure({"endpoint_url": store})
-    val = SplitLoader(root=f"s3://{BUCKET}", train_images="train2017", train_ann="annotations/instances_train2017.json",
-                      val_images="val2017", val_ann="annotations/instances_val2017.json").load().val
-    local = SplitLoader(root=str(coco_tiny), train_images="val2017", train_ann="annotations/instances_val2017.json",
-                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
+    val = (
+        SplitLoader(
+            root=f"s3://{BUCKET}",
+            train_images="train2017",
+            train_ann="annotations/instances_train2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .val
+    )
+    local = (
+        SplitLoader(
+            root=str(coco_tiny),
+            train_images="val2017",
+            train_ann="annotations/instances_val2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .train
+    )
     for k in range(3):
         assert val.paths[k].startswith(f"s3://{BUCKET}/val2017/")
         image, scale = _stored_image(val, k, 96, 10**9)
@@ -152,8 +194,9 @@ def test_prediction_grid_tiles_are_read_from_the_bucket(store, coco_tiny):
 
 
 def test_preview_reads_the_bucket(store, tmp_path):
-    s = run_in_process(["mode=preview", *remote(store), "dataset.image_size=128", "preview.batches=1"],
-                       tmp_path / "preview")
+    s = run_in_process(
+        ["mode=preview", *remote(store), "dataset.image_size=128", "preview.batches=1"], tmp_path / "preview"
+    )
     assert s["mode"] == "preview" and len(s["pngs"]) == 1 and Path(s["pngs"][0]).stat().st_size > 10_000
     assert not (tmp_path / "preview" / "bad_samples.jsonl").exists()
 
@@ -162,8 +205,10 @@ def test_a_deleted_object_is_a_bad_sample_named_by_its_key(store, coco_tiny, tmp
     upload_folder(store, coco_tiny, "coco-missing")
     gone = sorted(p.name for p in (coco_tiny / "train2017").iterdir())[5]
     s3_client(store).delete_object(Bucket="coco-missing", Key=f"train2017/{gone}")
-    s = run_in_process(bench_args(remote(store, "coco-missing"), "loader.num_workers=2", "dataset.on_bad_sample=skip"),
-                       tmp_path / "skip")
+    s = run_in_process(
+        bench_args(remote(store, "coco-missing"), "loader.num_workers=2", "dataset.on_bad_sample=skip"),
+        tmp_path / "skip",
+    )
     records = [json.loads(line) for line in (tmp_path / "skip" / "bad_samples.jsonl").read_text().splitlines()]
     assert s["examples"] == 80 and records
     assert {r["file"] for r in records} == {f"s3://coco-missing/train2017/{gone}"}
@@ -186,10 +231,21 @@ def test_a_store_that_does_not_answer_ends_the_run_within_the_timeout(tmp_path, 
     threading.Thread(target=lambda: [held.append(silent.accept()) for _ in range(64)], daemon=True).start()
     endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
     started = time.monotonic()
-    with pytest.raises(StoreDown, match=r"failed ListObjectsV2 for [3-9] s \(\d+ retries; last: .* did not answer "
-                                        r"ListObjectsV2 within dataset.remote.timeout_s=1.5 s"):
-        run_in_process(["mode=plan", *remote(endpoint), "dataset.remote.timeout_s=1.5", "dataset.remote.retries=1",
-                        "dataset.remote.give_up_s=3"], tmp_path / "plan")
+    with pytest.raises(
+        StoreDown,
+        match=r"failed ListObjectsV2 for [3-9] s \(\d+ retries; last: .* did not answer "
+        r"ListObjectsV2 within dataset.remote.timeout_s=1.5 s",
+    ):
+        run_in_process(
+            [
+                "mode=plan",
+                *remote(endpoint),
+                "dataset.remote.timeout_s=1.5",
+                "dataset.remote.retries=1",
+                "dataset.remote.give_up_s=3",
+            ],
+            tmp_path / "plan",
+        )
     assert time.monotonic() - started < 12
     silent.close()
 
@@ -228,7 +284,7 @@ class CuttingProxy:
         sent = 0
         while data := upstream.recv(65536):
             if cut.is_set():
-                client.sendall(data[:max(0, 2000 - sent)])
+                client.sendall(data[: max(0, 2000 - sent)])
                 sent += len(data)
                 if sent >= 2000:
                     break
@@ -268,9 +324,12 @@ def test_a_response_cut_short_is_retried(store, coco_tiny, monkeypatch):
 
 def test_a_credential_override_is_refused_before_hydra_writes_it(tmp_path):
     secret = "cocodet-OVERRIDE-secret-7c1e"
-    for override in (f"dataset.storage_options.secret={secret}", f"+dataset.storage_options.key={secret}",
-                     f"hydra.job.env_set.AWS_SECRET_ACCESS_KEY={secret}",
-                     f"dataset.root=s3://user:{secret}@host/bucket"):
+    for override in (
+        f"dataset.storage_options.secret={secret}",
+        f"+dataset.storage_options.key={secret}",
+        f"hydra.job.env_set.AWS_SECRET_ACCESS_KEY={secret}",
+        f"dataset.root=s3://user:{secret}@host/bucket",
+    ):
         proc, _ = run_train(["mode=plan", override], tmp_path / "run", check=False)
         assert proc.returncode == 2, override
         lines = proc.stderr.strip().splitlines()
@@ -293,18 +352,40 @@ def guarded_store(coco_tiny):
     import boto3
 
     with moto_server(auth_after=3) as endpoint:  # the admin's user, policy and key; then every request is checked
-        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bootstrap",
-                           aws_secret_access_key="bootstrap")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+        )
         iam.create_user(UserName="admin")
-        iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        iam.put_user_policy(
+            UserName="admin",
+            PolicyName="all",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            ),
+        )
         admin = iam.create_access_key(UserName="admin")["AccessKey"]
-        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
-                           aws_access_key_id=admin["AccessKeyId"], aws_secret_access_key=admin["SecretAccessKey"])
+        iam = boto3.client(
+            "iam",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=admin["AccessKeyId"],
+            aws_secret_access_key=admin["SecretAccessKey"],
+        )
         iam.create_user(UserName="reader")
-        policy = {"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject"],
-             "Resource": ["arn:aws:s3:::coco-auth", "arn:aws:s3:::coco-auth/annotations/*"]}]}
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["s3:ListBucket", "s3:GetObject"],
+                    "Resource": ["arn:aws:s3:::coco-auth", "arn:aws:s3:::coco-auth/annotations/*"],
+                }
+            ],
+        }
         iam.put_user_policy(UserName="reader", PolicyName="annotations", PolicyDocument=json.dumps(policy))
         key = iam.create_access_key(UserName="reader")["AccessKey"]
         upload_folder(endpoint, coco_tiny, "coco-auth", key=admin["AccessKeyId"], secret=admin["SecretAccessKey"])
@@ -314,15 +395,32 @@ def guarded_store(coco_tiny):
 @pytest.mark.slow
 def test_a_refusal_ends_the_run_in_one_line_even_with_skip(guarded_store, tmp_path):
     endpoint, key_id, secret = guarded_store
-    cases = {"wrong_secret": ({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": "not-" + secret}, "ListObjectsV2"),
-             "images_refused": ({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}, "GetObject")}
+    cases = {
+        "wrong_secret": ({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": "not-" + secret}, "ListObjectsV2"),
+        "images_refused": ({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}, "GetObject"),
+    }
     for name, (keys, operation) in cases.items():
-        proc, _ = run_train(["mode=bench", *remote(endpoint, "coco-auth"), "dataset.on_bad_sample=skip",
-                             "dataset.image_size=128", "bench.batches=4", "bench.decode_probe=0", "loader=explicit",
-                             "loader.num_workers=1"], tmp_path / name, env=keys, check=False, timeout=300)
+        proc, _ = run_train(
+            [
+                "mode=bench",
+                *remote(endpoint, "coco-auth"),
+                "dataset.on_bad_sample=skip",
+                "dataset.image_size=128",
+                "bench.batches=4",
+                "bench.decode_probe=0",
+                "loader=explicit",
+                "loader.num_workers=1",
+            ],
+            tmp_path / name,
+            env=keys,
+            check=False,
+            timeout=300,
+        )
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, (name, proc.stderr[-2000:])
-        assert lines[-1].startswith("error: s3://coco-auth") and f"refused {operation} on bucket 'coco-auth'" in lines[-1]
+        assert (
+            lines[-1].startswith("error: s3://coco-auth") and f"refused {operation} on bucket 'coco-auth'" in lines[-1]
+        )
         assert "Traceback" not in proc.stderr and secret not in proc.stderr + proc.stdout, name
         assert not (tmp_path / name / "bad_samples.jsonl").exists()  # nothing was skipped as a bad sample
 
@@ -334,24 +432,44 @@ KEY_ID = "AKIACOCODETDISTINCT7"
 
 
 def train_args(root_args: list[str], *extra: str) -> list[str]:
-    return [*root_args, "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=2",
-            "trainer.limit_val_batches=2", "trainer.deterministic=true", "trainer.enable_progress_bar=false",
-            "loader=explicit", "loader.num_workers=2", *extra]
+    return [
+        *root_args,
+        "dataset.image_size=64",
+        "loader.batch_size=8",
+        NARROW_MODEL,
+        "trainer.max_epochs=2",
+        "trainer.limit_val_batches=2",
+        "trainer.deterministic=true",
+        "trainer.enable_progress_bar=false",
+        "loader=explicit",
+        "loader.num_workers=2",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
 def resumed_run(store, coco_tiny, tmp_path_factory):
     base = tmp_path_factory.mktemp("remote_train")
     keys = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, **ENV}
-    signal = ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", "+callbacks.signal_at.step=15",
-              "+callbacks.signal_at.signal_name=SIGTERM"]
+    signal = [
+        "+callbacks.signal_at._target_=signal_at_step.SignalAtStep",
+        "+callbacks.signal_at.step=15",
+        "+callbacks.signal_at.signal_name=SIGTERM",
+    ]
     run_dir = base / "run"
     p1, first = run_train(train_args(remote(store), *signal), run_dir, env=keys, timeout=900)
-    p2, second = run_train(train_args(remote(store), "loader.num_workers=1", "ckpt_path=last"), run_dir, env=keys,
-                           timeout=900)
+    p2, second = run_train(
+        train_args(remote(store), "loader.num_workers=1", "ckpt_path=last"), run_dir, env=keys, timeout=900
+    )
     local = run_in_process(train_args(["dataset=coco", f"dataset.root={coco_tiny}"]), base / "local")
-    return {"first": first, "second": second, "local": local, "run_dir": run_dir, "base": base,
-            "output": p1.stdout + p1.stderr + p2.stdout + p2.stderr}
+    return {
+        "first": first,
+        "second": second,
+        "local": local,
+        "run_dir": run_dir,
+        "base": base,
+        "output": p1.stdout + p1.stderr + p2.stdout + p2.stderr,
+    }
 
 
 @pytest.mark.slow
@@ -383,11 +501,22 @@ def test_no_credential_in_anything_the_runs_leave(resumed_run):
     for path in Path(resumed_run["run_dir"]).rglob("*"):
         if path.is_file():
             data = path.read_bytes()
-            leaks += [f"{path} holds {name}" for name, value in (("secret", SECRET), ("key id", KEY_ID))
-                      if value.encode() in data]
+            leaks += [
+                f"{path} holds {name}"
+                for name, value in (("secret", SECRET), ("key id", KEY_ID))
+                if value.encode() in data
+            ]
     checked = {p.name for p in Path(resumed_run["run_dir"]).rglob("*") if p.is_file()}  # what was searched
-    assert {"config.yaml", "hydra.yaml", "overrides.yaml", "summary.json", "train.log", "metrics.csv",
-            "hparams.yaml", "last.ckpt"} <= checked, checked
+    assert {
+        "config.yaml",
+        "hydra.yaml",
+        "overrides.yaml",
+        "summary.json",
+        "train.log",
+        "metrics.csv",
+        "hparams.yaml",
+        "last.ckpt",
+    } <= checked, checked
     assert any(n.startswith("events.out.tfevents") for n in checked)
     assert not leaks, leaks
     assert SECRET not in resumed_run["output"] and KEY_ID not in resumed_run["output"]

@@ -9,22 +9,23 @@ import signal
 
 import pytest
 from conftest import NARROW_MODEL, run_in_process, run_train
-from cocodet.loader.flat_batch import chain_stream_digest
-from cocodet.loader.failures.diagnose import LoaderFailure, explained_loader_failures
-from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
-from cocodet.loader.plan.policy import plan_loader
-from cocodet.loader.failures.replan import Replanner, next_rung
-from cocodet.loader.plan.resources import probe
 from test_loader_faults import coco640, needs_root, shm_namespace
 from test_policy import host
+
+from cocodet.loader.failures.diagnose import LoaderFailure, explained_loader_failures
+from cocodet.loader.failures.replan import Replanner, next_rung
+from cocodet.loader.flat_batch import chain_stream_digest
+from cocodet.loader.plan.policy import plan_loader
+from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
+from cocodet.loader.plan.resources import probe
 
 
 def datamodule(root, workers: int, window: int = 0, **replanner_args):
     """A datamodule on the synthetic set (48 train images, batch 4) whose plan has ``workers``
     (inherited: re-plans by default) and a replanner that plans against this host; ``window``:
     window partners (W positions) with the window cache the plan sizes."""
-    from cocodet.transforms.augment import Mosaic
     from cocodet.datamodule import CocoDataModule
+    from cocodet.transforms.augment import Mosaic
 
     def plan_fn(n: int, prefetch: int):
         geometry = BatchGeometry(4, 1 << 20, partner_window=window, image_side=64)
@@ -32,9 +33,19 @@ def datamodule(root, workers: int, window: int = 0, **replanner_args):
 
     plan = plan_fn(workers, 2)
     recipe = Mosaic(64, partners="window", partner_window=window) if window else Mosaic(64)
-    dm = CocoDataModule(root=str(root), train_images="train", train_ann="annotations/instances_train.json",
-                        val_images="val", val_ann="annotations/instances_val.json", image_size=64, recipe=recipe,
-                        batch_size=4, seed=0, plan=plan, replanner=Replanner(plan, plan_fn, **replanner_args))
+    dm = CocoDataModule(
+        root=str(root),
+        train_images="train",
+        train_ann="annotations/instances_train.json",
+        val_images="val",
+        val_ann="annotations/instances_val.json",
+        image_size=64,
+        recipe=recipe,
+        batch_size=4,
+        seed=0,
+        plan=plan,
+        replanner=Replanner(plan, plan_fn, **replanner_args),
+    )
     dm.setup()
     return dm
 
@@ -57,8 +68,9 @@ def shut_down(loader) -> None:
         loader._shut_down()
 
 
-@pytest.mark.parametrize("sig,cause,window", [(signal.SIGKILL, "memory", 0), (signal.SIGBUS, "shm", 0),
-                                              (signal.SIGKILL, "memory", 8)])
+@pytest.mark.parametrize(
+    "sig,cause,window", [(signal.SIGKILL, "memory", 0), (signal.SIGBUS, "shm", 0), (signal.SIGKILL, "memory", 8)]
+)
 def test_killed_worker_is_replaced_and_the_stream_continues_exactly(synthetic_root, sig, cause, window):
     """Window partners too (issue 54): the killed worker may die holding a window-cache claim;
     the stream does not depend on which slots survived."""
@@ -84,6 +96,7 @@ def test_a_replan_stops_the_other_loaders_workers_and_both_streams_stay_exact(sy
     """Train and val persistent workers alive at once: a re-plan of either stops the other's
     workers before probing /dev/shm (their prefetched batches must count as free), and a
     train epoch suspended mid-way (validation inside the epoch) resumes at its next batch."""
+
     def batches(loader, epoch):
         loader.set_epoch(epoch)
         return iter(loader)
@@ -132,7 +145,10 @@ def test_on_failure_defaults_to_raise_for_explicit_counts_only():
     assert Replanner(explicit).on_failure == "raise"
     assert Replanner(explicit, on_failure="replan").on_failure == "replan"
     for policy in ("auto", "inherited"):
-        assert Replanner(plan_loader(LoaderRequest(policy, 2, 2), BatchGeometry(4, 1 << 20), res, cuda=False)).on_failure == "replan"
+        assert (
+            Replanner(plan_loader(LoaderRequest(policy, 2, 2), BatchGeometry(4, 1 << 20), res, cuda=False)).on_failure
+            == "replan"
+        )
 
 
 def test_on_failure_raise_ends_in_the_diagnosis(synthetic_root):
@@ -160,8 +176,10 @@ def test_gives_up_after_max_replans(synthetic_root):
 def test_a_samples_own_exception_is_never_retried():
     plan = plan_loader(LoaderRequest("auto", None, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
     replanner = Replanner(plan, lambda n, p: pytest.fail("re-planned a sample's own error"))
-    own = RuntimeError("Caught BadSampleError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
-                       "last):\n  ...\ncocodet.errors.BadSampleError: train2017/x.jpg: cannot decode")
+    own = RuntimeError(
+        "Caught BadSampleError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
+        "last):\n  ...\ncocodet.errors.BadSampleError: train2017/x.jpg: cannot decode"
+    )
     hang = RuntimeError("DataLoader timed out after 20 seconds")
     segv = RuntimeError("DataLoader worker (pid 7) is killed by signal: Segmentation fault.")
     for error in (own, hang, segv, ValueError("a bug in a recipe")):
@@ -185,12 +203,21 @@ def test_the_ladder_is_fewer_workers_then_prefetch_one_then_in_process():
 def test_explicit_over_budget_in_64mb_shm_replans_and_keeps_the_stream(coco_tiny, tmp_path):
     # 640 px batches of 64 (75 MiB each) cannot fit a 64 MB /dev/shm at all; the detector
     # resizes to 64 px inside, so the steps are cheap and the data path is the real one.
-    args = [*coco640(coco_tiny), "+model.detector.min_size=64", "+model.detector.max_size=64", NARROW_MODEL,
-            "trainer.max_epochs=2",
-            "trainer.enable_progress_bar=false"]
+    args = [
+        *coco640(coco_tiny),
+        "+model.detector.min_size=64",
+        "+model.detector.max_size=64",
+        NARROW_MODEL,
+        "trainer.max_epochs=2",
+        "trainer.enable_progress_bar=false",
+    ]
     plain = run_in_process([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
-    proc, s = run_train([*args, "loader=explicit", "loader.num_workers=4", "loader.on_failure=replan"],
-                        tmp_path / "replan", prefix=shm_namespace(), timeout=900)
+    proc, s = run_train(
+        [*args, "loader=explicit", "loader.num_workers=4", "loader.on_failure=replan"],
+        tmp_path / "replan",
+        prefix=shm_namespace(),
+        timeout=900,
+    )
     assert s["status"] == "completed" and s["steps"] == plain["steps"] == 4
     assert s["stream_digest"] == plain["stream_digest"]
     [first] = s["replans"]  # the smaller plan then holds, validation included
@@ -204,8 +231,16 @@ def test_explicit_over_budget_in_64mb_shm_replans_and_keeps_the_stream(coco_tiny
 
 @pytest.mark.slow
 def test_sigkilled_worker_in_auto_plan_continues_and_is_recorded(coco_tiny, tmp_path):
-    args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL,
-            "trainer.max_epochs=2", "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false"]
+    args = [
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "dataset.image_size=64",
+        "loader.batch_size=8",
+        NARROW_MODEL,
+        "trainer.max_epochs=2",
+        "trainer.limit_val_batches=2",
+        "trainer.enable_progress_bar=false",
+    ]
     plain = run_in_process([*args, "loader=explicit", "loader.num_workers=0"], tmp_path / "plain")
     kill = ["+callbacks.kill._target_=signal_at_step.KillWorkerAtStep", "+callbacks.kill.step=13"]
     s = run_in_process([*args, *kill], tmp_path / "killed")  # it kills a worker, not this process

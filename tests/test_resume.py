@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import NARROW_MODEL, REPO, run_in_process, run_train
+
 from cocodet.loader.stream_position import ResumeError, StreamPosition
 from cocodet.models.preemption import newest_checkpoint
 
@@ -19,14 +19,26 @@ STEPS_PER_EPOCH = 10  # coco_tiny: 80 train images, batch 8
 
 
 def args(coco_tiny: Path, *extra: str) -> list[str]:
-    return ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL,
-            "trainer.max_epochs=3", "trainer.limit_val_batches=2", "trainer.deterministic=true",
-            "trainer.enable_progress_bar=false", *extra]
+    return [
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "dataset.image_size=64",
+        "loader.batch_size=8",
+        NARROW_MODEL,
+        "trainer.max_epochs=3",
+        "trainer.limit_val_batches=2",
+        "trainer.deterministic=true",
+        "trainer.enable_progress_bar=false",
+        *extra,
+    ]
 
 
 def signal_at(step: int, name: str) -> list[str]:
-    return ["+callbacks.signal_at._target_=signal_at_step.SignalAtStep", f"+callbacks.signal_at.step={step}",
-            f"+callbacks.signal_at.signal_name={name}"]
+    return [
+        "+callbacks.signal_at._target_=signal_at_step.SignalAtStep",
+        f"+callbacks.signal_at.step={step}",
+        f"+callbacks.signal_at.signal_name={name}",
+    ]
 
 
 ENV = {"PYTHONPATH": str(REPO / "tests")}
@@ -39,17 +51,25 @@ def weights(ckpt: str) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def uninterrupted(coco_tiny, tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("uninterrupted")
-    s = run_in_process(args(coco_tiny, "loader=explicit", "loader.num_workers=2"), base / "run")  # no signal: this process
+    s = run_in_process(
+        args(coco_tiny, "loader=explicit", "loader.num_workers=2"), base / "run"
+    )  # no signal: this process
     assert s["status"] == "completed" and s["steps"] == 3 * STEPS_PER_EPOCH
     yield s
-    shutil.rmtree(base, ignore_errors=True)  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
+    shutil.rmtree(
+        base, ignore_errors=True
+    )  # a module's training runs leave checkpoints (about 0.2 GB each): gone when it ends
 
 
 @pytest.mark.slow
 def test_sigterm_mid_epoch_then_resume_at_other_workers_is_exact(coco_tiny, tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
-    proc, first = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=2", *signal_at(15, "SIGTERM")),
-                            run_dir, env=ENV, timeout=900)
+    proc, first = run_train(
+        args(coco_tiny, "loader=explicit", "loader.num_workers=2", *signal_at(15, "SIGTERM")),
+        run_dir,
+        env=ENV,
+        timeout=900,
+    )
     assert first["status"] == "preempted" and first["steps"] == 15  # mid-epoch 1
     assert first["stream_position"]["epoch"] == 1 and first["stream_position"]["batches"] == 5
     assert "ckpt_path=last" in proc.stderr and str(run_dir) in proc.stderr
@@ -70,8 +90,14 @@ def test_ctrl_c_in_epoch_0_keeps_the_work_and_resumes_exactly(coco_tiny, tmp_pat
     with the uninterrupted run's stream digest."""
     run_dir = tmp_path / "run"
     ctrl_c = ["+callbacks.ctrl_c._target_=signal_at_step.SignalGroupAtStep", "+callbacks.ctrl_c.step=5"]
-    proc, first = run_train(args(coco_tiny, "loader=explicit", "loader.num_workers=2", *ctrl_c), run_dir, env=ENV,
-                            prefix=["setsid", "-w"], check=False, timeout=900)
+    proc, first = run_train(
+        args(coco_tiny, "loader=explicit", "loader.num_workers=2", *ctrl_c),
+        run_dir,
+        env=ENV,
+        prefix=["setsid", "-w"],
+        check=False,
+        timeout=900,
+    )
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert first["status"] == "interrupted" and first["steps"] == 5, first
     assert first["map"] is None and first["map50"] is None and first["best_map"] is None, first  # never validated
@@ -92,8 +118,13 @@ KILL_STEPS = [random.Random(7).randint(11, 19), random.Random(8).randint(21, 24)
 @pytest.mark.parametrize("kill_step", KILL_STEPS)
 def test_sigkill_loses_at_most_every_n_steps_and_repeats_nothing(coco_tiny, tmp_path, uninterrupted, kill_step):
     run_dir = tmp_path / "run"
-    proc, _ = run_train(args(coco_tiny, "checkpoint.every_n_steps=5", *signal_at(kill_step, "SIGKILL")), run_dir,
-                        env=ENV, check=False, timeout=900)
+    proc, _ = run_train(
+        args(coco_tiny, "checkpoint.every_n_steps=5", *signal_at(kill_step, "SIGKILL")),
+        run_dir,
+        env=ENV,
+        check=False,
+        timeout=900,
+    )
     assert proc.returncode == -9
     saved = torch.load(newest_checkpoint(run_dir), map_location="cpu", weights_only=False)
     assert kill_step - 5 <= saved["global_step"] <= kill_step
@@ -106,8 +137,11 @@ def test_sigkill_loses_at_most_every_n_steps_and_repeats_nothing(coco_tiny, tmp_
 def test_a_checkpoint_of_another_model_is_refused_in_one_line(coco_tiny, tmp_path, uninterrupted):
     """Issue: resuming weights of another model died in Lightning's 25-frame size-mismatch
     traceback, exit 1; mode=eval gave one line and exit 2. Training now gives that line too."""
-    proc, _ = run_train([*args(coco_tiny, f"ckpt_path={uninterrupted['last_ckpt']}"), "model.detector.fpn_channels=32"],
-                        tmp_path / "run", check=False)
+    proc, _ = run_train(
+        [*args(coco_tiny, f"ckpt_path={uninterrupted['last_ckpt']}"), "model.detector.fpn_channels=32"],
+        tmp_path / "run",
+        check=False,
+    )
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "does not fit the configured model" in last, proc.stderr[-2000:]
     assert "it was trained with model.detector.fpn_channels=64" in last and "Traceback" not in proc.stderr
@@ -163,7 +197,8 @@ def fake_run(folder: Path, mtime: int, dataset_root: str | None, fpn: int = 256)
             f"dataset:\n  root: {dataset_root}\n  train_images: train2017\n  train_ann: annotations/instances_train2017.json\n"
             f"  val_images: val2017\n  val_ann: annotations/instances_val2017.json\n  synthetic: null\n"
             f"model:\n  detector:\n    name: fcos_resnet18_fpn\n    regression_bias: 1.0\n    fpn_channels: {fpn}\n"
-            f"    pretrained: true\n")
+            f"    pretrained: true\n"
+        )
     return ckpt
 
 
@@ -188,7 +223,9 @@ def test_ckpt_path_last_takes_only_a_run_of_this_dataset_and_model(tmp_path, mon
     assert f"dataset.root '{tmp_path / 'other'}'" in line and "model.detector.fpn_channels 64" in line, line
 
     other = spec_of("dataset=coco", f"dataset.root={tmp_path / 'third'}", "ckpt_path=last", run_dir=tmp_path / "new")
-    with pytest.raises(UserError, match="none of the 4 runs under outputs with a checkpoint was trained on this dataset"):
+    with pytest.raises(
+        UserError, match="none of the 4 runs under outputs with a checkpoint was trained on this dataset"
+    ):
         last_run.resume_path(other)
     given = spec_of("dataset=coco", f"dataset.root={mine}", "ckpt_path=last", run_dir=tmp_path / "empty", given=True)
     with pytest.raises(UserError, match="no checkpoint in .*empty, the hydra.run.dir you gave"):

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 MIRROR = REPO / "scripts" / "debian_mirror.sh"
@@ -35,13 +34,16 @@ deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://list.example.org/deb
 
 def mirror_of(apt_dir: Path, **env) -> str:
     environment = {k: v for k, v in os.environ.items() if k != "COCODET_DEBIAN_MIRROR"}
-    proc = subprocess.run(["bash", str(MIRROR), str(apt_dir)], capture_output=True, text=True, timeout=30,
-                          env={**environment, **env})
+    proc = subprocess.run(
+        ["bash", str(MIRROR), str(apt_dir)], capture_output=True, text=True, timeout=30, env={**environment, **env}
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
 
-def apt_dir(tmp_path: Path, sources: str | None = None, one_line: str | None = None, extra_list: str | None = None) -> Path:
+def apt_dir(
+    tmp_path: Path, sources: str | None = None, one_line: str | None = None, extra_list: str | None = None
+) -> Path:
     (tmp_path / "sources.list.d").mkdir(parents=True)
     if sources is not None:
         (tmp_path / "sources.list.d" / "debian.sources").write_text(sources)
@@ -52,22 +54,29 @@ def apt_dir(tmp_path: Path, sources: str | None = None, one_line: str | None = N
     return tmp_path
 
 
-@pytest.mark.parametrize("layout,expect", [
-    ("deb822 only", "http://deb.example.org/debian"),
-    ("one-line list only", "http://list.example.org/debian"),
-    ("both", "http://deb.example.org/debian"),
-    ("comments first", "http://deb.example.org/debian"),
-    ("a .list in sources.list.d", "http://list.example.org/debian"),
-    ("neither", "http://deb.debian.org/debian"),
-])
+@pytest.mark.parametrize(
+    "layout,expect",
+    [
+        ("deb822 only", "http://deb.example.org/debian"),
+        ("one-line list only", "http://list.example.org/debian"),
+        ("both", "http://deb.example.org/debian"),
+        ("comments first", "http://deb.example.org/debian"),
+        ("a .list in sources.list.d", "http://list.example.org/debian"),
+        ("neither", "http://deb.debian.org/debian"),
+    ],
+)
 def test_the_mirror_comes_from_apt_sources_never_from_comments(tmp_path, layout, expect):
-    folder = {"deb822 only": lambda: apt_dir(tmp_path, sources=DEB822),
-              "one-line list only": lambda: apt_dir(tmp_path, one_line=ONE_LINE),
-              "both": lambda: apt_dir(tmp_path, sources=DEB822, one_line=ONE_LINE),
-              "comments first": lambda: apt_dir(tmp_path, sources="# URIs: http://c.example.org/debian\n#deb "
-                                                "http://d.example.org/debian bookworm main\n" + DEB822),
-              "a .list in sources.list.d": lambda: apt_dir(tmp_path, extra_list=ONE_LINE),
-              "neither": lambda: apt_dir(tmp_path)}[layout]()
+    folder = {
+        "deb822 only": lambda: apt_dir(tmp_path, sources=DEB822),
+        "one-line list only": lambda: apt_dir(tmp_path, one_line=ONE_LINE),
+        "both": lambda: apt_dir(tmp_path, sources=DEB822, one_line=ONE_LINE),
+        "comments first": lambda: apt_dir(
+            tmp_path,
+            sources="# URIs: http://c.example.org/debian\n#deb http://d.example.org/debian bookworm main\n" + DEB822,
+        ),
+        "a .list in sources.list.d": lambda: apt_dir(tmp_path, extra_list=ONE_LINE),
+        "neither": lambda: apt_dir(tmp_path),
+    }[layout]()
     assert mirror_of(folder) == expect
 
 
@@ -81,7 +90,7 @@ def test_container_check_takes_its_mirror_from_the_detector():
     debian_mirror.sh, and a failing debootstrap or import shows its log and names the step."""
     text = (REPO / "scripts" / "container_check.sh").read_text()
     assert '"$REPO/scripts/debian_mirror.sh"' in text and "/etc/apt/sources.list" not in text
-    assert "> \"$WORK/debootstrap.log\" 2>&1" in text and 'fail "base image: debootstrap' in text
+    assert '> "$WORK/debootstrap.log" 2>&1' in text and 'fail "base image: debootstrap' in text
     assert 'fail "base image: $ENGINE import' in text
 
 
@@ -110,7 +119,7 @@ def test_ci_runs_the_suites_when_its_test_data_is_there(tmp_path):
     clone = tmp_path / "clone"
     (clone / ".ci").mkdir(parents=True)
     (clone / ".ci" / "run").write_text((REPO / ".ci" / "run").read_text())
-    (clone / "Makefile").write_text("test:\n\techo \"CI=$$CI\" > ran-make\ntest-slow:\n\ttrue\n")
+    (clone / "Makefile").write_text('test:\n\techo "CI=$$CI" > ran-make\ntest-slow:\n\ttrue\n')
     data = tmp_path / "data" / "annotations"
     data.mkdir(parents=True)
     (data / "instances_val2017.json").write_text("{}")

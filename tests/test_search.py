@@ -16,12 +16,19 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-
 from conftest import NARROW_MODEL, REPO, synthetic_overrides
 
 # Trials where only the study's storage is under test: a bench of a sleeping producer, 3 batches.
-SLEEPING = ["hparams_search=loader_throughput", "bench.producer=sleep", "bench.producer_ms=1", "bench.batches=3",
-            "bench.warmup=0", "bench.decode_probe=0", "bench.producer_samples=64", "hydra.sweeper.heartbeat_s=1"]
+SLEEPING = [
+    "hparams_search=loader_throughput",
+    "bench.producer=sleep",
+    "bench.producer_ms=1",
+    "bench.batches=3",
+    "bench.warmup=0",
+    "bench.decode_probe=0",
+    "bench.producer_samples=64",
+    "hydra.sweeper.heartbeat_s=1",
+]
 
 
 def sweep(args: list[str], sweep_dir: Path, **popen) -> subprocess.Popen:
@@ -39,7 +46,7 @@ def study_trials(storage: str, name: str = "loader_throughput") -> list:
     if storage.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
-        storage = optuna.storages.JournalStorage(JournalFileBackend(storage[len("journal:"):]))
+        storage = optuna.storages.JournalStorage(JournalFileBackend(storage[len("journal:") :]))
     return optuna.load_study(study_name=name, storage=storage).get_trials()
 
 
@@ -48,9 +55,17 @@ def test_a_loader_search_finds_its_trials_figures_and_records_a_refused_setting(
     that completed was told its own summary's examples_per_s, the refused one failed with the
     rule's words, and best.yaml, the reuse line and every trial's row are written."""
     sweep_dir = tmp_path / "sweep"
-    args = ["hparams_search=loader_throughput", "experiment=coco_tiny", f"dataset.root={coco_tiny}",
-            "bench.batches=3", "bench.warmup=1", "bench.decode_probe=0", "hydra.sweeper.n_trials=6",
-            "loader.prefetch_factor=choice(0,2)", "loader.num_workers=choice(0,1,2)"]  # sweeps: searched too
+    args = [
+        "hparams_search=loader_throughput",
+        "experiment=coco_tiny",
+        f"dataset.root={coco_tiny}",
+        "bench.batches=3",
+        "bench.warmup=1",
+        "bench.decode_probe=0",
+        "hydra.sweeper.n_trials=6",
+        "loader.prefetch_factor=choice(0,2)",
+        "loader.num_workers=choice(0,1,2)",
+    ]  # sweeps: searched too
     stdout, stderr = finished(sweep(args, sweep_dir))
     trials = study_trials(f"sqlite:///{sweep_dir / 'study.db'}")
     assert len(trials) == 6
@@ -101,21 +116,39 @@ def test_two_launchers_on_one_journal_share_the_study(synthetic_root, tmp_path):
     """Two launchers started together on one journal file finish the study's 6 trials between
     them: 6 trials in all, each launched once, by one of the two."""
     journal = tmp_path / "shared" / "study.log"
-    args = [*SLEEPING, *synthetic_overrides(synthetic_root), "hydra.sweeper.n_trials=6",
-            f"hydra.sweeper.storage=journal:{journal}"]
+    args = [
+        *SLEEPING,
+        *synthetic_overrides(synthetic_root),
+        "hydra.sweeper.n_trials=6",
+        f"hydra.sweeper.storage=journal:{journal}",
+    ]
     procs = [sweep(args, tmp_path / f"launcher-{i}") for i in range(2)]
     for proc in procs:
         finished(proc)
     trials = study_trials(f"journal:{journal}")
     assert [t.state.name for t in trials] == ["COMPLETE"] * 6, [(t.number, t.state.name) for t in trials]
-    launched = [n for i in range(2) for n in range(6) if (tmp_path / f"launcher-{i}" / str(n) / "summary.json").exists()]
+    launched = [
+        n for i in range(2) for n in range(6) if (tmp_path / f"launcher-{i}" / str(n) / "summary.json").exists()
+    ]
     assert sorted(launched) == list(range(6)), launched
 
 
 def test_a_parallel_local_launcher_is_refused_for_a_bench_search(synthetic_root, tmp_path):
-    proc = subprocess.run([sys.executable, "train.py", "-m", *SLEEPING, *synthetic_overrides(synthetic_root),
-                           "hydra/launcher=local_parallel", f"hydra.sweep.dir={tmp_path}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            *SLEEPING,
+            *synthetic_overrides(synthetic_root),
+            "hydra/launcher=local_parallel",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and lines[-1].startswith("error: this search measures the host's cores"), proc.stderr
     assert "local_parallel (n_jobs=2)" in lines[-1]
@@ -146,10 +179,20 @@ def test_a_recipe_search_scores_trials_by_map50_as_child_runs_of_one_parent(synt
     server = MlflowServer(tmp_path / "mlflow").start()
     try:
         sweep_dir = tmp_path / "sweep"
-        args = ["hparams_search=recipe", *synthetic_overrides(synthetic_root), "dataset.image_size=64",
-                "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=1", "+trainer.limit_train_batches=2",
-                "model.eval_max_images=8", "callbacks.prediction_grid.images=0", "trainer.enable_progress_bar=false",
-                "hydra.sweeper.n_trials=2", "logger=mlflow"]
+        args = [
+            "hparams_search=recipe",
+            *synthetic_overrides(synthetic_root),
+            "dataset.image_size=64",
+            "loader.batch_size=8",
+            NARROW_MODEL,
+            "trainer.max_epochs=1",
+            "+trainer.limit_train_batches=2",
+            "model.eval_max_images=8",
+            "callbacks.prediction_grid.images=0",
+            "trainer.enable_progress_bar=false",
+            "hydra.sweeper.n_trials=2",
+            "logger=mlflow",
+        ]
         finished(sweep(args, sweep_dir, env={**os.environ, "MLFLOW_TRACKING_URI": server.uri}))
         trials = study_trials(f"sqlite:///{sweep_dir / 'study.db'}", "recipe")
         assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
@@ -171,9 +214,24 @@ def test_a_grid_sweep_runs_every_job_past_a_refused_one_then_says_why(synthetic_
     """A grid sweep (Hydra's basic sweeper) whose first job's setting is refused: the second job
     still runs, and the sweep ends with the refusal's one line, exit 2."""
     args = [a for a in SLEEPING if not a.startswith(("hparams_search", "hydra.sweeper"))]
-    proc = subprocess.run([sys.executable, "train.py", "-m", "mode=bench", "loader=explicit", "loader.num_workers=0",
-                           *args, *synthetic_overrides(synthetic_root), "loader.prefetch_factor=0,2",
-                           f"hydra.sweep.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "mode=bench",
+            "loader=explicit",
+            "loader.num_workers=0",
+            *args,
+            *synthetic_overrides(synthetic_root),
+            "loader.prefetch_factor=0,2",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: loader.prefetch_factor=0"), proc.stderr[-2000:]
     assert not (tmp_path / "0" / "summary.json").exists() and (tmp_path / "1" / "summary.json").is_file()

@@ -29,8 +29,9 @@ class Filled(torch.utils.data.Dataset):
     def __getitem__(self, i):
         side = SIDE - 8 * (i % 3) if self.varying else SIDE
         image = np.full((side, side, 3), i % 251, np.uint8)
-        return make_sample(image, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), (0, i), i,
-                           np.ones(4, np.float32), np.zeros(4))
+        return make_sample(
+            image, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), (0, i), i, np.ones(4, np.float32), np.zeros(4)
+        )
 
 
 def counting_alloc(counter):
@@ -41,6 +42,7 @@ def counting_alloc(counter):
             with counter.get_lock():
                 counter.value += 1
         return original(shape, dtype)
+
     return alloc
 
 
@@ -64,8 +66,14 @@ def check(batch, images=None):
 def test_buffers_are_reused_only_after_the_batch_is_dropped(monkeypatch, varying):
     allocs = multiprocessing.get_context("fork").Value("i", 0)
     monkeypatch.setattr(flat_batch, "_alloc", counting_alloc(allocs))  # the forked workers inherit it
-    loader = torch.utils.data.DataLoader(Filled(240, varying), batch_size=4, num_workers=2, prefetch_factor=2,
-                                         collate_fn=Collate(capacity=3), multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        Filled(240, varying),
+        batch_size=4,
+        num_workers=2,
+        prefetch_factor=2,
+        collate_fn=Collate(capacity=3),
+        multiprocessing_context="fork",
+    )
     held, leases = [], []
     for n, batch in enumerate(loader):
         check(batch)
@@ -85,8 +93,14 @@ def test_buffers_are_reused_only_after_the_batch_is_dropped(monkeypatch, varying
 
 
 def test_a_joined_or_restored_batch_releases_its_buffer():
-    loader = torch.utils.data.DataLoader(Filled(40), batch_size=4, num_workers=1, prefetch_factor=2,
-                                         collate_fn=Collate(capacity=2), multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        Filled(40),
+        batch_size=4,
+        num_workers=1,
+        prefetch_factor=2,
+        collate_fn=Collate(capacity=2),
+        multiprocessing_context="fork",
+    )
     kept, leases = [], []
     for batch in loader:
         images, _ = restore(batch)  # a float copy: the uint8 buffer may be written again
@@ -125,8 +139,14 @@ def test_workers_keep_buffers_only_where_the_shm_budget_has_room_for_them():
 def test_a_batch_received_in_inference_mode_is_handed_back_outside_it():
     """Validation iterates its loader under torch.inference_mode: a lease rebuilt there holds an
     inference tensor, and training's next batch hands it back outside inference mode."""
-    loader = torch.utils.data.DataLoader(Filled(16), batch_size=4, num_workers=1, prefetch_factor=2,
-                                         collate_fn=Collate(capacity=3), multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        Filled(16),
+        batch_size=4,
+        num_workers=1,
+        prefetch_factor=2,
+        collate_fn=Collate(capacity=3),
+        multiprocessing_context="fork",
+    )
     leases = []
     with torch.inference_mode():
         for batch in loader:

@@ -16,27 +16,40 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import NARROW_MODEL, REPO, run_in_process, run_train, synthetic_overrides
+
 from cocodet.models.checkpoint_io import nonfinite_tensors
 
 ENV = {"PYTHONPATH": str(REPO / "tests")}
 
 
 def small(root, *extra: str, batch: int = 4) -> list[str]:
-    return [*synthetic_overrides(root), "dataset.image_size=64", f"loader.batch_size={batch}", NARROW_MODEL,
-            "trainer.enable_progress_bar=false", "model.eval_max_images=8", "callbacks.prediction_grid.images=2",
-            *extra]
+    return [
+        *synthetic_overrides(root),
+        "dataset.image_size=64",
+        f"loader.batch_size={batch}",
+        NARROW_MODEL,
+        "trainer.enable_progress_bar=false",
+        "model.eval_max_images=8",
+        "callbacks.prediction_grid.images=2",
+        *extra,
+    ]
 
 
 def fault(kind: str, step: int, *extra: str) -> list[str]:
-    return [f"+callbacks.fault._target_=signal_at_step.{kind}", f"+callbacks.fault.step={step}",
-            *(f"+callbacks.fault.{e}" for e in extra)]
+    return [
+        f"+callbacks.fault._target_=signal_at_step.{kind}",
+        f"+callbacks.fault.step={step}",
+        *(f"+callbacks.fault.{e}" for e in extra),
+    ]
 
 
 def probe(path: Path, steps: list[int]) -> list[str]:
-    return ["+callbacks.probe._target_=signal_at_step.StateAcrossSteps", f"+callbacks.probe.path={path}",
-            f"+callbacks.probe.steps=[{','.join(map(str, steps))}]"]
+    return [
+        "+callbacks.probe._target_=signal_at_step.StateAcrossSteps",
+        f"+callbacks.probe.path={path}",
+        f"+callbacks.probe.steps=[{','.join(map(str, steps))}]",
+    ]
 
 
 def rows(path: Path, rank: int = 0) -> dict[int, dict]:
@@ -70,10 +83,14 @@ def test_a_non_finite_forward_is_undone_to_the_last_buffer(tmp_path, synthetic_r
     69 the step was skipped but the statistics stayed NaN: every later checkpoint was refused,
     mAP read 0, and the run still said completed with last_ckpt null. Without accumulation the
     run keeps EMA weights, which must not move on the skipped step either."""
-    extra = ["trainer.max_epochs=1", f"trainer.limit_train_batches={4 * accumulate}",
-             f"trainer.accumulate_grad_batches={accumulate}", *fault("NonFiniteForwardAt", 2),
-             *(["+callbacks.fault.first_micro_batch_only=true"] if accumulate > 1 else ["model.ema.decay=0.9"]),
-             *probe(tmp_path / "state", [1, 2, 3])]
+    extra = [
+        "trainer.max_epochs=1",
+        f"trainer.limit_train_batches={4 * accumulate}",
+        f"trainer.accumulate_grad_batches={accumulate}",
+        *fault("NonFiniteForwardAt", 2),
+        *(["+callbacks.fault.first_micro_batch_only=true"] if accumulate > 1 else ["model.ema.decay=0.9"]),
+        *probe(tmp_path / "state", [1, 2, 3]),
+    ]
     s = run_in_process(small(synthetic_root, *extra), tmp_path / "run")
     assert [e["step"] for e in s["health"]["skipped"]] == [2]
     state = rows(tmp_path / "state")
@@ -90,8 +107,12 @@ def test_a_finite_loss_with_non_finite_gradients_is_skipped(tmp_path, synthetic_
     """The loss is finite; the last parameter's gradient is NaN (a backward hook). Under
     32-true no GradScaler looks at gradients: before issue 69 the step was applied, and
     gradient clipping multiplied every gradient by NaN."""
-    extra = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", *fault("NonFiniteGradientAt", 2),
-             *probe(tmp_path / "state", [2, 3])]
+    extra = [
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=4",
+        *fault("NonFiniteGradientAt", 2),
+        *probe(tmp_path / "state", [2, 3]),
+    ]
     s = run_in_process(small(synthetic_root, *extra), tmp_path / "run")
     assert [e["step"] for e in s["health"]["skipped"]] == [2]
     state = rows(tmp_path / "state")
@@ -109,9 +130,14 @@ def test_fp16_on_the_cpu_skips_a_poisoned_forward_and_keeps_its_scaler(tmp_path,
     would switch to bf16): a NaN forward is the health check's skip, nothing raises with the
     default or the fused AdamW, the state is untouched, and the scaler saw the NaN gradients
     and backed off."""
-    extra = ["trainer.precision=16-mixed", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
-             *(["+model.optimizer.fused=true", "trainer.gradient_clip_val=0"] if fused else []),
-             *fault("NonFiniteForwardAt", 2), *probe(tmp_path / "state", [2, 3])]
+    extra = [
+        "trainer.precision=16-mixed",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=4",
+        *(["+model.optimizer.fused=true", "trainer.gradient_clip_val=0"] if fused else []),
+        *fault("NonFiniteForwardAt", 2),
+        *probe(tmp_path / "state", [2, 3]),
+    ]
     s = run_in_process(small(synthetic_root, *extra), tmp_path / "run")
     assert s["precision"] == "16-mixed"
     assert [e["step"] for e in s["health"]["skipped"]] == [2]
@@ -126,8 +152,14 @@ def test_an_fp16_overflow_is_the_scalers_skip_and_is_undone_too(tmp_path, synthe
     """A finite loss scaled by 1e30: its fp16 gradients overflow, the GradScaler skips the step
     and halves its scale. That is not a health skip (the scaler's first steps calibrate this
     way), but the forward's buffer updates and the EMA are held back all the same."""
-    extra = ["trainer.precision=16-mixed", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
-             "model.ema.decay=0.9", *fault("OverflowAt", 2), *probe(tmp_path / "state", [2, 3])]
+    extra = [
+        "trainer.precision=16-mixed",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=4",
+        "model.ema.decay=0.9",
+        *fault("OverflowAt", 2),
+        *probe(tmp_path / "state", [2, 3]),
+    ]
     s = run_in_process(small(synthetic_root, *extra), tmp_path / "run")
     assert s["health"]["skipped_nonfinite_steps"] == 0 and s["health"]["amp_skipped_steps"] == 1, s["health"]
     state = rows(tmp_path / "state")
@@ -148,8 +180,10 @@ def test_a_model_that_ends_non_finite_is_not_completed(tmp_path, synthetic_root)
     proc, s = run_train(small(synthetic_root, *extra), tmp_path / "run", env=ENV, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert "training ended with a model that is not finite: 1 tensor, the first model.backbone.body.bn1.running_var" \
-        in line, line
+    assert (
+        "training ended with a model that is not finite: 1 tensor, the first model.backbone.body.bn1.running_var"
+        in line
+    ), line
     last_good = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert f"the last good checkpoint is {last_good} (step 3)" in line, line
     assert s["status"] == "nonfinite" and s["error"] in line
@@ -160,13 +194,17 @@ def test_a_model_that_ends_non_finite_is_not_completed(tmp_path, synthetic_root)
 
 
 def test_a_fused_optimizer_with_clipping_under_fp16_is_refused_in_one_line(tmp_path, synthetic_root):
-    proc, _ = run_train(small(synthetic_root, "trainer.precision=16-mixed", "+model.optimizer.fused=true",
-                              "trainer.max_epochs=1"), tmp_path / "run", check=False)
+    proc, _ = run_train(
+        small(synthetic_root, "trainer.precision=16-mixed", "+model.optimizer.fused=true", "trainer.max_epochs=1"),
+        tmp_path / "run",
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: AdamW with fused=true unscales its fp16 gradients inside its own step, so they cannot be clipped "
         "first (trainer.gradient_clip_val=10, trainer.precision=16-mixed): set trainer.gradient_clip_val=0 to keep "
-        "the fused optimizer, or drop model.optimizer.fused")
+        "the fused optimizer, or drop model.optimizer.fused"
+    )
 
 
 @pytest.mark.slow
@@ -189,8 +227,13 @@ def test_a_poisoned_forward_on_one_rank_is_undone_on_every_rank(tmp_path, synthe
     0's buffers into rank 1 at each forward, so rank 1 poisoned alone would heal by itself at
     the next step; rank 0 poisoned would spread. Both ranks skip, and each rank's parameters and
     buffers are as before the step."""
-    extra = ["trainer=ddp_cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
-             *fault("NonFiniteForwardAt", 2, f"rank={rank}"), *probe(tmp_path / "state", [2, 3])]
+    extra = [
+        "trainer=ddp_cpu",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=4",
+        *fault("NonFiniteForwardAt", 2, f"rank={rank}"),
+        *probe(tmp_path / "state", [2, 3]),
+    ]
     proc, s = run_train(small(synthetic_root, *extra), tmp_path / "run", env=ENV, timeout=800)
     assert s["ddp"]["world_size"] == 2 and [e["step"] for e in s["health"]["skipped"]] == [2]
     if rank == 1:  # rank 0 writes the summary: its own loss was finite, the verdict came from rank 1

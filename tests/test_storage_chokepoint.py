@@ -9,7 +9,6 @@ import ast
 import textwrap
 
 import pytest
-
 from src_scan import ScopedFinder, calls_in, calls_in_src
 
 ALLOWED = {
@@ -26,10 +25,17 @@ ALLOWED = {
 def _binary_mode(call: ast.Call, position: int = 1) -> bool:
     """Whether the call's mode argument (``open(path, mode)``; ``path.open(mode)``: position 0)
     reads bytes."""
-    mode = call.args[position] if len(call.args) > position else next(
-        (k.value for k in call.keywords if k.arg == "mode"), None)
-    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and "b" in mode.value \
+    mode = (
+        call.args[position]
+        if len(call.args) > position
+        else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    )
+    return (
+        isinstance(mode, ast.Constant)
+        and isinstance(mode.value, str)
+        and "b" in mode.value
         and not any(c in mode.value for c in "wax+")
+    )
 
 
 class ReadFinder(ScopedFinder):
@@ -56,22 +62,30 @@ def all_reads() -> dict[str, list[tuple[str, int]]]:
 
 def test_every_binary_read_in_src_is_in_an_allowed_function():
     outside = {f: calls for f, calls in all_reads().items() if f not in ALLOWED}
-    assert not outside, (f"binary reads outside the storage reader: {outside}; call "
-                         "cocodet.storage.store.read_bytes (it reads local paths and bucket URLs alike)")
+    assert not outside, (
+        f"binary reads outside the storage reader: {outside}; call "
+        "cocodet.storage.store.read_bytes (it reads local paths and bucket URLs alike)"
+    )
 
 
 def test_every_allowed_function_still_reads():
     assert set(all_reads()) >= set(ALLOWED), set(ALLOWED) - set(all_reads())
 
 
-@pytest.mark.parametrize("source,expect", [
-    ("def f(p):\n    with open(p, 'rb') as f:\n        return f.read()", [("f", "open(rb)")]),
-    ("def f(p):\n    return open(p, mode='rb').read()", [("f", "open(rb)")]),
-    ("from pathlib import Path\nclass A:\n    def g(self, p):\n        return Path(p).read_bytes()", [("A.g", "read_bytes")]),
-    ("import numpy as np\ndef f(p):\n    return np.fromfile(p, np.uint8)", [("f", "fromfile")]),
-    ("def f(p):\n    return p.open('rb')", [("f", "x.open(rb)")]),
-    ("def f(p):\n    return open(p, 'wb')", []),
-    ("def f(p):\n    return open(p)", []),
-])
+@pytest.mark.parametrize(
+    "source,expect",
+    [
+        ("def f(p):\n    with open(p, 'rb') as f:\n        return f.read()", [("f", "open(rb)")]),
+        ("def f(p):\n    return open(p, mode='rb').read()", [("f", "open(rb)")]),
+        (
+            "from pathlib import Path\nclass A:\n    def g(self, p):\n        return Path(p).read_bytes()",
+            [("A.g", "read_bytes")],
+        ),
+        ("import numpy as np\ndef f(p):\n    return np.fromfile(p, np.uint8)", [("f", "fromfile")]),
+        ("def f(p):\n    return p.open('rb')", [("f", "x.open(rb)")]),
+        ("def f(p):\n    return open(p, 'wb')", []),
+        ("def f(p):\n    return open(p)", []),
+    ],
+)
 def test_the_scan_finds_a_binary_read_in_any_spelling(source, expect):
     assert [(w, k) for w, k, _ in reads_in(textwrap.dedent(source))] == expect

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import s3fs  # noqa: F401  (pinned in requirements.txt: missing, it fails here, never skips)
-
 from conftest import NARROW_MODEL, run_in_process, run_train
 from moto_store import DUMMY_KEYS, upload_folder
 from seaweed_store import SeaweedStore
@@ -33,10 +32,22 @@ def seaweed(coco_tiny, tmp_path_factory):
 
 
 def args(root: list[str], cache: Path, *extra: str) -> list[str]:
-    return [*root, "dataset.image_size=64", "loader.batch_size=8", NARROW_MODEL, "trainer.max_epochs=2",
-            "trainer.limit_val_batches=2", "trainer.deterministic=true", "trainer.enable_progress_bar=false",
-            "loader=explicit", "loader.num_workers=2", f"dataset.cache_dir={cache}",
-            "dataset.remote.cache_bytes=3000000", "dataset.remote.retries=2", *extra]
+    return [
+        *root,
+        "dataset.image_size=64",
+        "loader.batch_size=8",
+        NARROW_MODEL,
+        "trainer.max_epochs=2",
+        "trainer.limit_val_batches=2",
+        "trainer.deterministic=true",
+        "trainer.enable_progress_bar=false",
+        "loader=explicit",
+        "loader.num_workers=2",
+        f"dataset.cache_dir={cache}",
+        "dataset.remote.cache_bytes=3000000",
+        "dataset.remote.retries=2",
+        *extra,
+    ]
 
 
 def bucket(store: SeaweedStore) -> list[str]:
@@ -79,10 +90,14 @@ def kill_after_gets(store: SeaweedStore, gets: int, restart_after: float | None)
 
 def test_a_store_restarted_mid_epoch_costs_retries_not_the_run(seaweed, uninterrupted, tmp_path):
     killer, record = kill_after_gets(seaweed, train_gets(seaweed) + 30, restart_after=4.0)
-    _, s = run_train(args(bucket(seaweed), tmp_path / "cache", "dataset.remote.give_up_s=120"), tmp_path / "run",
-                     env=DUMMY_KEYS, timeout=600)
+    _, s = run_train(
+        args(bucket(seaweed), tmp_path / "cache", "dataset.remote.give_up_s=120"),
+        tmp_path / "run",
+        env=DUMMY_KEYS,
+        timeout=600,
+    )
     killer.join(timeout=60)
-    after = seaweed.gets(BUCKET)[record["served_at_restart"]:]
+    after = seaweed.gets(BUCKET)[record["served_at_restart"] :]
     assert s["status"] == "completed" and s["steps"] == 20
     assert s["remote"]["retries"] > 0, s["remote"]
     assert after, "the server logged no GET after its restart"
@@ -96,20 +111,29 @@ def test_a_store_that_stays_down_ends_the_run_then_it_resumes(seaweed, uninterru
     # GETs only, so the kill could come after the last train read: steps 20, seen once in CI.
     killer, _ = kill_after_gets(seaweed, train_gets(seaweed) + 70, restart_after=None)
     started = time.monotonic()
-    proc, s = run_train(args(bucket(seaweed), tmp_path / "cache", "dataset.remote.give_up_s=6"), tmp_path / "run",
-                        env=DUMMY_KEYS, timeout=600, check=False)
+    proc, s = run_train(
+        args(bucket(seaweed), tmp_path / "cache", "dataset.remote.give_up_s=6"),
+        tmp_path / "run",
+        env=DUMMY_KEYS,
+        timeout=600,
+        check=False,
+    )
     ended = time.monotonic()
     killer.join(timeout=60)
     try:
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, proc.stderr[-3000:]
-        assert lines[-1].startswith("error: s3://coco-outage") and "gave up after dataset.remote.give_up_s=6 s" in lines[-1]
+        assert (
+            lines[-1].startswith("error: s3://coco-outage")
+            and "gave up after dataset.remote.give_up_s=6 s" in lines[-1]
+        )
         assert s["status"] == "store_down" and 0 < s["steps"] < 20, s
         assert Path(s["last_ckpt"]).is_file() and Path(s["last_ckpt"]).name == "resume.ckpt"
         assert ended - started < 180
     finally:
         seaweed.start()
-    _, resumed = run_train(args(bucket(seaweed), tmp_path / "cache", "ckpt_path=last"), tmp_path / "run",
-                           env=DUMMY_KEYS, timeout=600)
+    _, resumed = run_train(
+        args(bucket(seaweed), tmp_path / "cache", "ckpt_path=last"), tmp_path / "run", env=DUMMY_KEYS, timeout=600
+    )
     assert resumed["status"] == "completed" and resumed["steps"] == 20
     assert resumed["stream_digest"] == uninterrupted["stream_digest"]

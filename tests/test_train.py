@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import NARROW_MODEL, run_in_process, run_train, synthetic_overrides
 
 
@@ -21,16 +20,28 @@ def test_fast_dev_run_synthetic(tmp_path, synthetic_root, caplog):
 
 
 def test_fast_dev_run_coco_tiny(tmp_path, coco_tiny):
-    args = ["dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=256", "loader.batch_size=4",
-            "debug=fast", "callbacks=none", "logger=none"]
+    args = [
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "dataset.image_size=256",
+        "loader.batch_size=4",
+        "debug=fast",
+        "callbacks=none",
+        "logger=none",
+    ]
     s = run_in_process(args, tmp_path / "run")
     assert s["steps"] == 1 and s["plan"]["batch_size"] == 4
     assert s["last_ckpt"] is None and not (tmp_path / "run" / "csv").exists()  # the groups really are off
 
 
 def test_resume_continues_at_saved_step(tmp_path, synthetic_root):
-    base = [*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16",
-            "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+    base = [
+        *synthetic_overrides(synthetic_root),
+        "dataset.image_size=64",
+        "loader.batch_size=16",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+    ]
     first = run_in_process([*base, "trainer.max_epochs=1"], tmp_path / "first")
     assert first["steps"] == 2 and first["last_ckpt"]
     saved = torch.load(first["last_ckpt"], map_location="cpu", weights_only=False)
@@ -49,8 +60,9 @@ def test_coco_tiny_as_yolo_one_epoch_prints_cocoeval(tmp_path, coco_tiny):
     from yolo_layout import coco_as_yolo, write_data_yaml
 
     for split in ("train2017", "val2017"):
-        names = coco_as_yolo(coco_tiny / "annotations" / f"instances_{split}.json", coco_tiny / split,
-                             tmp_path / "yolo", split)
+        names = coco_as_yolo(
+            coco_tiny / "annotations" / f"instances_{split}.json", coco_tiny / split, tmp_path / "yolo", split
+        )
     data_yaml = write_data_yaml(tmp_path / "yolo", "images/train2017", "images/val2017", names)
     args = ["dataset=yolo", f"dataset.yaml={data_yaml}", "trainer.max_epochs=1", "dataset.image_size=320", NARROW_MODEL]
     proc, s = run_train(args, tmp_path / "run", timeout=1800)
@@ -61,6 +73,14 @@ def test_coco_tiny_as_yolo_one_epoch_prints_cocoeval(tmp_path, coco_tiny):
 
 def test_eval_max_images_limits_what_cocoeval_sees(tmp_path, synthetic_root, caplog):
     caplog.set_level("INFO")
-    run_in_process([*synthetic_overrides(synthetic_root), "debug=fast", "model.eval_max_images=3", "callbacks=none",
-                    "logger=none"], tmp_path / "run")
+    run_in_process(
+        [
+            *synthetic_overrides(synthetic_root),
+            "debug=fast",
+            "model.eval_max_images=3",
+            "callbacks=none",
+            "logger=none",
+        ],
+        tmp_path / "run",
+    )
     assert "COCOeval (epoch 0, 3 images" in caplog.text

@@ -14,26 +14,27 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from conftest import NARROW_MODEL, REPO, is_root, run_in_process, synthetic_overrides
 from test_bad_input import make_dataset, write
 
-from cocodet.images import decode as decode_module
-from cocodet.transforms.augment import Basic
-from cocodet.datasets.index import build_index
-from cocodet.errors import BadSampleError
 from cocodet.data.dataset import DetectionDataset
 from cocodet.data.image_reader import CallReads
+from cocodet.datasets.index import build_index
+from cocodet.errors import BadSampleError
+from cocodet.images import decode as decode_module
 from cocodet.images.header import header_size
 from cocodet.models.checkpoint_file import CheckpointError
+from cocodet.transforms.augment import Basic
 
 needs_unshare = pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare")
 
 
 # --- hostile images ---------------------------------------------------------------------------
 
+
 def png_bomb(path: Path, side: int = 30000) -> None:
     """A valid grayscale PNG of side x side zeros: a few MB on disk, 2.7 GB as a colour decode."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
 
@@ -49,7 +50,7 @@ def jpeg_claiming(path: Path, height: int, width: int) -> None:
     ok, data = cv2.imencode(".jpg", np.full((16, 16, 3), 128, np.uint8))
     data = bytearray(data.tobytes())
     sof = data.index(b"\xff\xc0")
-    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
     assert data.endswith(b"\xff\xd9")
     path.write_bytes(bytes(data))
 
@@ -66,11 +67,20 @@ def hostile_dataset(coco_tiny: Path, root: Path) -> tuple[Path, dict, int]:
     png_bomb(root / "images" / "bomb.png")
     jpeg_claiming(root / "images" / "claims.jpg", 16000, 16000)  # 256 MP: above the limit, below OpenCV's 2^30
     cv2.imwrite(str(root / "images" / "big.jpg"), np.full((3000, 4000, 3), 90, np.uint8))
-    for k, (name, h, w) in enumerate([("bomb.png", 30000, 30000), ("claims.jpg", 16000, 16000),
-                                      ("big.jpg", 3000, 4000)]):
+    for k, (name, h, w) in enumerate(
+        [("bomb.png", 30000, 30000), ("claims.jpg", 16000, 16000), ("big.jpg", 3000, 4000)]
+    ):
         data["images"].append({"id": HOSTILE_IDS[k], "file_name": name, "height": h, "width": w})
-        data["annotations"].append({"id": 99_000_000 + k, "image_id": HOSTILE_IDS[k], "category_id": data["categories"][0]["id"],
-                                    "bbox": [10, 10, 100, 100], "area": 1e4, "iscrowd": 0})
+        data["annotations"].append(
+            {
+                "id": 99_000_000 + k,
+                "image_id": HOSTILE_IDS[k],
+                "category_id": data["categories"][0]["id"],
+                "bbox": [10, 10, 100, 100],
+                "area": 1e4,
+                "iscrowd": 0,
+            }
+        )
     return root, data, max_pixels
 
 
@@ -139,12 +149,19 @@ def test_an_opencv_error_is_a_bad_sample(tmp_path, monkeypatch):
 def _peak_rss_of_tree(args: list[str], run_dir: Path) -> tuple[int, dict]:
     """Run train.py in a wrapper process; the largest RSS of any process it waited for
     (train.py and its DataLoader workers: RUSAGE_CHILDREN), in KiB, and the summary."""
-    wrapper = ("import resource, subprocess, sys; "
-               "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-               "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr); "
-               "print('MAXRSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)")
-    proc = subprocess.run([sys.executable, "-c", wrapper, sys.executable, str(REPO / "train.py"), *args,
-                           f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    wrapper = (
+        "import resource, subprocess, sys; "
+        "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+        "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr); "
+        "print('MAXRSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", wrapper, sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     return int(lines[-1].split()[1]), json.loads(lines[-2])
@@ -154,14 +171,30 @@ def _peak_rss_of_tree(args: list[str], run_dir: Path) -> tuple[int, dict]:
 def test_hostile_images_do_not_raise_any_workers_memory(coco_tiny, tmp_path):
     root, data, max_pixels = hostile_dataset(coco_tiny, tmp_path / "ds")
     write(root, data)
-    clean = {**data, "images": [im for im in data["images"] if im["id"] not in HOSTILE_IDS],
-             "annotations": [a for a in data["annotations"] if a["image_id"] not in HOSTILE_IDS]}
+    clean = {
+        **data,
+        "images": [im for im in data["images"] if im["id"] not in HOSTILE_IDS],
+        "annotations": [a for a in data["annotations"] if a["image_id"] not in HOSTILE_IDS],
+    }
     (root / "clean.json").write_text(json.dumps(clean))
-    common = ["mode=bench", "dataset=coco", f"dataset.root={root}", "dataset.train_images=images",
-              "dataset.val_images=images", "dataset.val_ann=clean.json", "dataset.image_size=128",
-              "dataset.on_bad_sample=skip", f"dataset.max_image_pixels={max_pixels}", "loader=explicit",
-              "loader.num_workers=2", "loader.batch_size=4", "bench.batches=null", "bench.epochs=3",
-              "bench.decode_probe=8", "dataset.cache_dir=null"]  # the probe reads images 0-7: the bomb first
+    common = [
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root={root}",
+        "dataset.train_images=images",
+        "dataset.val_images=images",
+        "dataset.val_ann=clean.json",
+        "dataset.image_size=128",
+        "dataset.on_bad_sample=skip",
+        f"dataset.max_image_pixels={max_pixels}",
+        "loader=explicit",
+        "loader.num_workers=2",
+        "loader.batch_size=4",
+        "bench.batches=null",
+        "bench.epochs=3",
+        "bench.decode_probe=8",
+        "dataset.cache_dir=null",
+    ]  # the probe reads images 0-7: the bomb first
     clean_kib, _ = _peak_rss_of_tree([*common, "dataset.train_ann=clean.json"], tmp_path / "clean")
     hostile_kib, s = _peak_rss_of_tree([*common, "dataset.train_ann=ann.json"], tmp_path / "hostile")
     assert s["skipped_samples"] >= 3 and s["num_workers"] == 2 and s["decode_ms_per_image"] > 0
@@ -193,11 +226,29 @@ def test_verify_keeps_bad_images_out_of_sampling_and_the_summary_counts_them(coc
     for k in (2, 5):
         (root / "images" / data["images"][k]["file_name"]).write_bytes(b"not an image")
     write(root, data)
-    args = ["dataset=coco", f"dataset.root={root}", "dataset.train_images=images", "dataset.train_ann=ann.json",
-            "dataset.val_images=images", "dataset.val_ann=ann.json", "dataset.image_size=64", "dataset.verify=true",
-            "dataset.on_bad_sample=skip", "loader.batch_size=4", "trainer.max_epochs=1", "trainer.limit_val_batches=1",
-            "callbacks=none", "logger=none", "loader=explicit", "loader.num_workers=0", f"mode={mode}",
-            "bench.batches=null", "bench.epochs=1", "bench.warmup=0", "bench.decode_probe=0"]
+    args = [
+        "dataset=coco",
+        f"dataset.root={root}",
+        "dataset.train_images=images",
+        "dataset.train_ann=ann.json",
+        "dataset.val_images=images",
+        "dataset.val_ann=ann.json",
+        "dataset.image_size=64",
+        "dataset.verify=true",
+        "dataset.on_bad_sample=skip",
+        "loader.batch_size=4",
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+        "callbacks=none",
+        "logger=none",
+        "loader=explicit",
+        "loader.num_workers=0",
+        f"mode={mode}",
+        "bench.batches=null",
+        "bench.epochs=1",
+        "bench.warmup=0",
+        "bench.decode_probe=0",
+    ]
     s = run_in_process(args, tmp_path / "run")
     train = s["bad_samples"]["train"]
     assert train["excluded_by_verify"] == 2 and train["skipped"] == 0  # never sampled, so nothing was replaced
@@ -210,6 +261,7 @@ def test_verify_keeps_bad_images_out_of_sampling_and_the_summary_counts_them(coc
 
 
 # --- hostile checkpoints ----------------------------------------------------------------------
+
 
 class _CreatesAFile:
     def __init__(self, marker: str):
@@ -231,8 +283,13 @@ def hostile_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("mode", ["train", "eval", "predict", "export"])
 def test_a_checkpoint_that_runs_code_is_refused_in_every_mode(tmp_path, synthetic_root, mode):
     path, marker = hostile_checkpoint(tmp_path)
-    args = [*synthetic_overrides(synthetic_root), f"mode={mode}", f"ckpt_path={path}",
-            f"predict.source={synthetic_root}/val", "trainer.max_epochs=1"]
+    args = [
+        *synthetic_overrides(synthetic_root),
+        f"mode={mode}",
+        f"ckpt_path={path}",
+        f"predict.source={synthetic_root}/val",
+        "trainer.max_epochs=1",
+    ]
     with pytest.raises(CheckpointError) as err:
         run_in_process(args, tmp_path / "run")
     text = str(err.value)
@@ -244,9 +301,20 @@ def test_a_checkpoint_that_runs_code_is_refused_in_every_mode(tmp_path, syntheti
 @pytest.mark.slow
 def test_hostile_checkpoint_exits_2_with_one_line(tmp_path, synthetic_root):
     path, marker = hostile_checkpoint(tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *synthetic_overrides(synthetic_root), "mode=eval",
-                           f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            *synthetic_overrides(synthetic_root),
+            "mode=eval",
+            f"ckpt_path={path}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert proc.stderr.startswith("error: ") and "weights_only=false" in proc.stderr
     assert not marker.exists()
@@ -260,6 +328,7 @@ def test_a_file_that_is_not_a_checkpoint_gets_one_line(tmp_path, synthetic_root)
 
 
 # --- caches that verify themselves --------------------------------------------------------------
+
 
 def test_a_truncated_index_array_is_rebuilt_not_read(coco_tiny, tmp_path, caplog):
     from cocodet.datasets.index_cache import cached_index
@@ -294,25 +363,31 @@ def test_flipped_bytes_in_pixel_offsets_are_rebuilt_not_read(coco_tiny, tmp_path
 def _in_read_only_mount(folder: Path, code: str) -> subprocess.CompletedProcess:
     """Run python ``code`` with ``folder`` bind-mounted read-only over itself (a new mount
     namespace; root ignores mode bits, so chmod would prove nothing)."""
-    script = (f"mount --bind {folder} {folder} && mount -o remount,ro,bind {folder} && "
-              f"exec {sys.executable} -c \"$0\"")
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, code], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    script = f'mount --bind {folder} {folder} && mount -o remount,ro,bind {folder} && exec {sys.executable} -c "$0"'
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
 @needs_unshare
 def test_a_valid_cache_on_a_read_only_mount_is_used(coco_tiny, tmp_path):
-    from cocodet.datasets.index_cache import cached_index
     from cocodet.data.pixel_cache import open_pixel_cache
+    from cocodet.datasets.index_cache import cached_index
 
     ann = coco_tiny / "annotations" / "instances_val2017.json"
     index = cached_index(coco_tiny / "val2017", ann, True, tmp_path)
     open_pixel_cache(index, 64, "disk", tmp_path, "val", 2)
-    code = (f"import logging; logging.basicConfig(level=logging.INFO)\n"
-            f"from cocodet.datasets.index_cache import cached_index\nfrom cocodet.data.pixel_cache import open_pixel_cache\n"
-            f"i = cached_index({str(coco_tiny / 'val2017')!r}, {str(ann)!r}, True, {str(tmp_path)!r})\n"
-            f"c = open_pixel_cache(i, 64, 'disk', {str(tmp_path)!r}, 'val', 2)\nprint('OK', len(i), c.count)")
+    code = (
+        f"import logging; logging.basicConfig(level=logging.INFO)\n"
+        f"from cocodet.datasets.index_cache import cached_index\nfrom cocodet.data.pixel_cache import open_pixel_cache\n"
+        f"i = cached_index({str(coco_tiny / 'val2017')!r}, {str(ann)!r}, True, {str(tmp_path)!r})\n"
+        f"c = open_pixel_cache(i, 64, 'disk', {str(tmp_path)!r}, 'val', 2)\nprint('OK', len(i), c.count)"
+    )
     proc = _in_read_only_mount(tmp_path, code)
     assert proc.returncode == 0 and "OK 80 80" in proc.stdout, proc.stderr[-2000:]
     assert "read the cached index" in proc.stderr
@@ -322,15 +397,30 @@ def test_a_valid_cache_on_a_read_only_mount_is_used(coco_tiny, tmp_path):
 @needs_unshare
 def test_an_empty_read_only_cache_folder(coco_tiny, tmp_path):
     (tmp_path / "cache").mkdir()
-    base = ["dataset=coco", f"dataset.root={coco_tiny}", f"dataset.cache_dir={tmp_path / 'cache'}",
-            "dataset.image_size=64", "loader.batch_size=4", "debug=fast", "callbacks=none", "logger=none",
-            f"hydra.run.dir={tmp_path / 'run'}"]
-    script = (f"mount --bind {tmp_path / 'cache'} {tmp_path / 'cache'} && "
-              f"mount -o remount,ro,bind {tmp_path / 'cache'} {tmp_path / 'cache'} && "
-              f"{sys.executable} {REPO / 'train.py'} \"$@\" mode=plan; echo PLAN_RC=$?; "
-              f"{sys.executable} {REPO / 'train.py'} \"$@\" mode=train dataset.cache=disk; echo CACHE_RC=$?")
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *base], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    base = [
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        f"dataset.cache_dir={tmp_path / 'cache'}",
+        "dataset.image_size=64",
+        "loader.batch_size=4",
+        "debug=fast",
+        "callbacks=none",
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    script = (
+        f"mount --bind {tmp_path / 'cache'} {tmp_path / 'cache'} && "
+        f"mount -o remount,ro,bind {tmp_path / 'cache'} {tmp_path / 'cache'} && "
+        f'{sys.executable} {REPO / "train.py"} "$@" mode=plan; echo PLAN_RC=$?; '
+        f'{sys.executable} {REPO / "train.py"} "$@" mode=train dataset.cache=disk; echo CACHE_RC=$?'
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *base],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert "PLAN_RC=0" in out and "without a cache" in out and "dataset.cache_dir=" in out, out[-3000:]
     assert "CACHE_RC=2" in out and "cannot be written and holds no valid" in out, out[-3000:]
@@ -342,9 +432,20 @@ def test_every_checkpoint_the_app_writes_loads_with_weights_only(tmp_path, synth
     SIGTERM by the same callback): plain types only, so the safe default reads them all."""
     import torch
 
-    s = run_in_process([*synthetic_overrides(synthetic_root), "dataset.image_size=64", "loader.batch_size=16", NARROW_MODEL,
-                        "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.max_epochs=2",
-                        "checkpoint.every_n_steps=1", "logger=none"], tmp_path / "run")
+    s = run_in_process(
+        [
+            *synthetic_overrides(synthetic_root),
+            "dataset.image_size=64",
+            "loader.batch_size=16",
+            NARROW_MODEL,
+            "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1",
+            "trainer.max_epochs=2",
+            "checkpoint.every_n_steps=1",
+            "logger=none",
+        ],
+        tmp_path / "run",
+    )
     files = sorted((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
     names = [f.name for f in files]
     assert "last.ckpt" in names and "resume.ckpt" in names and any(n.startswith("best-") for n in names), names

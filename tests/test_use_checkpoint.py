@@ -17,9 +17,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from conftest import REPO, run_in_process, run_train
-from cocodet.models.evaluation import ALL_STAT_NAMES as STATS, evaluate, load_ground_truth
+
+from cocodet.models.evaluation import ALL_STAT_NAMES as STATS
+from cocodet.models.evaluation import evaluate, load_ground_truth
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +37,14 @@ def trained(tmp_path_factory):
     root = base / "synthetic"
     _, s = run_train([f"dataset.root={root}", f"trainer.max_epochs={EPOCHS}"], base / "run", timeout=1800)
     assert s["status"] == "completed" and s["last_ckpt"]
-    yield {"root": root, "data": [f"dataset.root={root}"], "summary": s, "ckpt": s["last_ckpt"], "base": base,
-           "run_dir": base / "run"}
+    yield {
+        "root": root,
+        "data": [f"dataset.root={root}"],
+        "summary": s,
+        "ckpt": s["last_ckpt"],
+        "base": base,
+        "run_dir": base / "run",
+    }
     shutil.rmtree(base, ignore_errors=True)  # its checkpoints (about 0.2 GB each) go when the module ends
 
 
@@ -59,8 +66,9 @@ def test_default_training_reaches_map50(trained):
 
 
 def use(trained, mode: str, name: str, *extra) -> dict:
-    return run_in_process([*trained["data"], f"mode={mode}", f"ckpt_path={trained['ckpt']}", *extra],
-                          trained["base"] / name)
+    return run_in_process(
+        [*trained["data"], f"mode={mode}", f"ckpt_path={trained['ckpt']}", *extra], trained["base"] / name
+    )
 
 
 def bare(trained, mode: str, name: str, *extra) -> dict:
@@ -92,8 +100,14 @@ def test_eval_reproduces_the_last_validation(trained):
 
 def test_predict_results_score_like_validation_and_standalone_export_matches(trained):
     root = trained["root"]
-    s = use(trained, "predict", "predict", f"predict.source={root / 'val'}", "predict.score_threshold=0",
-            "predict.draw=true")
+    s = use(
+        trained,
+        "predict",
+        "predict",
+        f"predict.source={root / 'val'}",
+        "predict.score_threshold=0",
+        "predict.draw=true",
+    )
     results = json.loads(Path(s["predictions"]).read_text())
     assert s["images"] == N_VAL and s["bad_images"] == 0 and len(results) >= 50
     # Scored by pycocotools here, by the default faster backend in training's validation: a
@@ -121,11 +135,18 @@ def test_predict_results_score_like_validation_and_standalone_export_matches(tra
 def assert_standalone_matches(e: dict, images: list[dict], results: list[dict], at_least: int = 50) -> None:
     files = [im["file_name"] for im in images]
     # A fresh interpreter that runs the shipped script and proves cocodet was never imported.
-    code = ("import runpy, sys; sys.argv = ['predict.py', '--model', sys.argv[1], *sys.argv[2:]]; "
-            "runpy.run_path(%r, run_name='__main__'); "
-            "assert not [m for m in sys.modules if m.startswith('cocodet')], 'cocodet was imported'") % e["predict_script"]
-    proc = subprocess.run([sys.executable, "-c", code, e["model_file"], *files], capture_output=True, text=True,
-                          timeout=300, cwd=Path(e["predict_script"]).parent)
+    code = (
+        "import runpy, sys; sys.argv = ['predict.py', '--model', sys.argv[1], *sys.argv[2:]]; "
+        "runpy.run_path(%r, run_name='__main__'); "
+        "assert not [m for m in sys.modules if m.startswith('cocodet')], 'cocodet was imported'"
+    ) % e["predict_script"]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, e["model_file"], *files],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(e["predict_script"]).parent,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     standalone = json.loads(proc.stdout)
     compared = 0
@@ -148,8 +169,14 @@ def test_predict_handles_corrupt_grayscale_and_huge_images(trained, tmp_path):
     cv2.imwrite(str(folder / "gray.png"), rng.integers(0, 255, size=(90, 150), dtype=np.uint8))
     good = cv2.imencode(".jpg", big[:200, :300])[1].tobytes()
     (folder / "corrupt.jpg").write_bytes(good[: len(good) // 2])  # truncated
-    s = use(trained, "predict", "mixed", f"predict.source={folder}", "predict.score_threshold=0",
-            "dataset.on_bad_sample=skip")
+    s = use(
+        trained,
+        "predict",
+        "mixed",
+        f"predict.source={folder}",
+        "predict.score_threshold=0",
+        "dataset.on_bad_sample=skip",
+    )
     assert s["images"] == 3 and s["bad_images"] == 1
     results = json.loads(Path(s["predictions"]).read_text())
     ids = {im["file_name"].rsplit("/", 1)[-1]: im["id"] for im in json.loads(Path(s["images_json"]).read_text())}
@@ -172,13 +199,18 @@ def test_two_rank_validation_equals_one_process(trained):
     """COCOeval on rank 0 over both ranks' detections, padded repeat removed: the numbers of
     one process, on a val set that does not divide by two (95 of the 96 images)."""
     gt = json.loads((trained["root"] / "annotations" / "instances_val.json").read_text())
-    keep = {im["id"] for im in gt["images"][:N_VAL - 1]}
+    keep = {im["id"] for im in gt["images"][: N_VAL - 1]}
     gt["images"] = [im for im in gt["images"] if im["id"] in keep]
     gt["annotations"] = [a for a in gt["annotations"] if a["image_id"] in keep]
     subset = trained["base"] / "instances_val95.json"
     subset.write_text(json.dumps(gt))
-    common = [*trained["data"], "mode=eval", f"ckpt_path={trained['ckpt']}", f"dataset.val_ann={subset}",
-              "trainer.enable_progress_bar=false"]
+    common = [
+        *trained["data"],
+        "mode=eval",
+        f"ckpt_path={trained['ckpt']}",
+        f"dataset.val_ann={subset}",
+        "trainer.enable_progress_bar=false",
+    ]
     one = run_in_process(common, trained["base"] / "eval1")
     proc, two = run_train([*common, "trainer=ddp_cpu"], trained["base"] / "eval2", timeout=900)
     assert one["map"] > 0 and one["images"] == two["images"] == N_VAL - 1

@@ -7,7 +7,6 @@ import runpy
 import sys
 
 import pytest
-
 from conftest import REPO
 
 
@@ -21,24 +20,27 @@ def run_entry(monkeypatch, tmp_path, *overrides: str) -> int:
     return 0
 
 
-@pytest.mark.parametrize("override, named", [
-    ("loader.batch_size=-3", "loader.batch_size=-3"),
-    ("loader.batch_size=abc", "loader.batch_size='abc'"),
-    ("dataset.image_size=0", "dataset.image_size=0"),
-    ("loader.prefetch_factor=0", "loader.prefetch_factor=0"),
-    ("mode=fit", "mode='fit'"),
-    ("loader.no_such_key=1", "loader.no_such_key"),
-    ("augment=fancy", "augment/fancy"),
-    ("model.optimizer.lr=abc", "model.optimizer.lr"),
-    # A closed group's schema (run_spec/schemas.py): a key it lacks, appended with + or not, is
-    # refused naming the closest declared key; a choice outside its options names the options.
-    ("+loader.batchsize=4", "loader.batchsize (did you mean loader.batch_size?)"),
-    ("loader.batchsize=4", "loader.batchsize (did you mean loader.batch_size?)"),
-    ("+bench.warmpu=2", "bench.warmpu (did you mean bench.warmup?)"),
-    ("+dataset.verfy=true", "dataset.verfy (did you mean dataset.verify?)"),
-    ("loader.policy=fast", "loader.policy='fast' is not allowed: expected auto, explicit or inherited"),
-    ("export.format=tflite", "export.format='tflite' is not allowed: expected torchscript or onnx"),
-])
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("loader.batch_size=-3", "loader.batch_size=-3"),
+        ("loader.batch_size=abc", "loader.batch_size='abc'"),
+        ("dataset.image_size=0", "dataset.image_size=0"),
+        ("loader.prefetch_factor=0", "loader.prefetch_factor=0"),
+        ("mode=fit", "mode='fit'"),
+        ("loader.no_such_key=1", "loader.no_such_key"),
+        ("augment=fancy", "augment/fancy"),
+        ("model.optimizer.lr=abc", "model.optimizer.lr"),
+        # A closed group's schema (run_spec/schemas.py): a key it lacks, appended with + or not, is
+        # refused naming the closest declared key; a choice outside its options names the options.
+        ("+loader.batchsize=4", "loader.batchsize (did you mean loader.batch_size?)"),
+        ("loader.batchsize=4", "loader.batchsize (did you mean loader.batch_size?)"),
+        ("+bench.warmpu=2", "bench.warmpu (did you mean bench.warmup?)"),
+        ("+dataset.verfy=true", "dataset.verfy (did you mean dataset.verify?)"),
+        ("loader.policy=fast", "loader.policy='fast' is not allowed: expected auto, explicit or inherited"),
+        ("export.format=tflite", "export.format='tflite' is not allowed: expected torchscript or onnx"),
+    ],
+)
 def test_bad_value_or_option_exits_2_with_one_line(monkeypatch, tmp_path, capsys, override, named):
     assert run_entry(monkeypatch, tmp_path, override) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -48,8 +50,10 @@ def test_bad_value_or_option_exits_2_with_one_line(monkeypatch, tmp_path, capsys
 
 APPENDED_TYPOS = [  # (override, what the one line names): a constructor's group, checked against its signature
     (["+trainer.max_epoch=1"], "trainer.max_epoch (did you mean trainer.max_epochs?): Lightning's Trainer takes"),
-    (["model/optimizer=sgd", "+model.optimizer.momentun=0.9"],
-     "model.optimizer.momentun (did you mean model.optimizer.momentum?): torch.optim.SGD takes"),
+    (
+        ["model/optimizer=sgd", "+model.optimizer.momentun=0.9"],
+        "model.optimizer.momentun (did you mean model.optimizer.momentum?): torch.optim.SGD takes",
+    ),
     (["+loader.batchsize=4"], "loader.batchsize (did you mean loader.batch_size?)"),
 ]
 
@@ -70,8 +74,15 @@ def test_a_declared_extension_of_an_open_group_still_runs(monkeypatch, tmp_path,
 
     assert run_entry(monkeypatch, tmp_path, "+model.optimizer.fused=false", "+trainer.deterministic=true") == 0
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):  # train: every key checked
-        cfg = compose(config_name="config", overrides=["mode=train", "+model.optimizer.fused=false",
-                                                       "+trainer.deterministic=true", "output_dir=unused"])
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "mode=train",
+                "+model.optimizer.fused=false",
+                "+trainer.deterministic=true",
+                "output_dir=unused",
+            ],
+        )
     spec = read_spec(cfg)
     assert spec.model.config["optimizer"]["fused"] is False and spec.trainer.args["deterministic"] is True
 
@@ -82,8 +93,10 @@ def test_a_checkpoints_config_never_names_code_to_run(monkeypatch, tmp_path, cap
     import torch
 
     pwned = tmp_path / "pwned"
-    hostile = {"_target_": "cocodet.models.detector.DetectorModule",
-               "detector": {"_target_": "os.system", "command": f"touch {pwned}"}}
+    hostile = {
+        "_target_": "cocodet.models.detector.DetectorModule",
+        "detector": {"_target_": "os.system", "command": f"touch {pwned}"},
+    }
     torch.save({"state_dict": {}, "cocodet_config": {"model": hostile}}, tmp_path / "hostile.ckpt")
     assert run_entry(monkeypatch, tmp_path, "mode=eval", f"ckpt_path={tmp_path / 'hostile.ckpt'}") == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -118,8 +131,19 @@ def config_groups() -> list[str]:
 
 def test_the_group_list_covers_the_defaults_list():
     groups = config_groups()
-    for group in ("experiment", "debug", "augment", "dataset", "loader", "model", "model/optimizer", "trainer",
-                  "callbacks", "logger", "hydra/launcher"):
+    for group in (
+        "experiment",
+        "debug",
+        "augment",
+        "dataset",
+        "loader",
+        "model",
+        "model/optimizer",
+        "trainer",
+        "callbacks",
+        "logger",
+        "hydra/launcher",
+    ):
         assert group in groups, groups
 
 

@@ -12,9 +12,8 @@ import json
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest import run_in_process
+from PIL import Image
 from voc_layout import coco_as_voc, voc_as_coco
 
 from cocodet.datasets.index import DatasetConfigError
@@ -38,9 +37,17 @@ def test_voc_and_its_coco_json_give_the_same_stream(voc_tiny, tmp_path):
 
     jsons = {s: voc_as_coco(voc_tiny, s, ("train", "val"), tmp_path / f"{s}.json") for s in ("train", "val")}
     voc = stream(["dataset=voc", f"dataset.root={voc_tiny}"], tmp_path / "voc")
-    coco = stream(["dataset=coco", f"dataset.root={voc_tiny}", "dataset.train_images=JPEGImages",
-                   f"dataset.train_ann={jsons['train']}", "dataset.val_images=JPEGImages",
-                   f"dataset.val_ann={jsons['val']}"], tmp_path / "coco")
+    coco = stream(
+        [
+            "dataset=coco",
+            f"dataset.root={voc_tiny}",
+            "dataset.train_images=JPEGImages",
+            f"dataset.train_ann={jsons['train']}",
+            "dataset.val_images=JPEGImages",
+            f"dataset.val_ann={jsons['val']}",
+        ],
+        tmp_path / "coco",
+    )
     assert len(voc) == 20 and sum(len(t) for _, t in voc) == 160
     assert sum(len(t["boxes"]) for _, targets in voc for t in targets) > 400
     assert differences(voc, coco) == []
@@ -52,10 +59,15 @@ def test_voc_and_its_coco_json_give_the_same_stream(voc_tiny, tmp_path):
 
 def annotation(filename: str, objects: list, size=(64, 48), doctype: str = "") -> str:
     """A VOC XML: ``objects`` as (name, difficult, (xmin, ymin, xmax, ymax)); text as given."""
-    body = "".join(f"<object><name>{n}</name><difficult>{d}</difficult><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin>"
-                   f"<xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>" for n, d, (x0, y0, x1, y1) in objects)
-    return (f'<?xml version="1.0"?>{doctype}<annotation><filename>{filename}</filename><size><width>{size[0]}'
-            f"</width><height>{size[1]}</height><depth>3</depth></size>{body}</annotation>")
+    body = "".join(
+        f"<object><name>{n}</name><difficult>{d}</difficult><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin>"
+        f"<xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>"
+        for n, d, (x0, y0, x1, y1) in objects
+    )
+    return (
+        f'<?xml version="1.0"?>{doctype}<annotation><filename>{filename}</filename><size><width>{size[0]}'
+        f"</width><height>{size[1]}</height><depth>3</depth></size>{body}</annotation>"
+    )
 
 
 def write_voc(root, splits: dict[str, dict[str, str]], images=True):
@@ -73,10 +85,16 @@ def write_voc(root, splits: dict[str, dict[str, str]], images=True):
 
 
 def test_ids_classes_corners_and_difficult_objects(tmp_path):
-    root = write_voc(tmp_path / "voc", {
-        "train": {"2008_000002": annotation("2008_000002.jpg", [("dog", 0, (1, 1, 10, 20)), ("cat", 1, (5, 5, 9, 9))]),
-                  "2008_000001": annotation("2008_000001.jpg", [("bird", 0, (33, 2, 64, 48))])},
-        "val": {"000007": annotation("000007.jpg", [("zebra", 0, (1, 1, 64, 48))])}})
+    root = write_voc(
+        tmp_path / "voc",
+        {
+            "train": {
+                "2008_000002": annotation("2008_000002.jpg", [("dog", 0, (1, 1, 10, 20)), ("cat", 1, (5, 5, 9, 9))]),
+                "2008_000001": annotation("2008_000001.jpg", [("bird", 0, (33, 2, 64, 48))]),
+            },
+            "val": {"000007": annotation("000007.jpg", [("zebra", 0, (1, 1, 64, 48))])},
+        },
+    )
     splits = SplitLoader("voc", str(root), cache_dir=str(tmp_path / "cache")).load()
     train, val = splits.train, splits.val
     assert train.image_ids.tolist() == [0, 1] and val.image_ids.tolist() == [7]  # positions; numeric ids
@@ -85,8 +103,10 @@ def test_ids_classes_corners_and_difficult_objects(tmp_path):
     assert train.targets(1)[1].tolist() == [3] and train.dropped["difficult"] == 1  # the cat: no target
     truth = json.loads(open(splits.train_ground_truth).read())
     assert [(a["image_id"], a["category_id"], a["bbox"], a["area"], a["iscrowd"]) for a in truth["annotations"]] == [
-        (0, 1, [32.0, 1.0, 32.0, 47.0], 32.0 * 47.0, 0), (1, 3, [0.0, 0.0, 10.0, 20.0], 200.0, 0),
-        (1, 2, [4.0, 4.0, 5.0, 5.0], 25.0, 1)]  # the difficult cat: a region COCOeval ignores
+        (0, 1, [32.0, 1.0, 32.0, 47.0], 32.0 * 47.0, 0),
+        (1, 3, [0.0, 0.0, 10.0, 20.0], 200.0, 0),
+        (1, 2, [4.0, 4.0, 5.0, 5.0], 25.0, 1),
+    ]  # the difficult cat: a region COCOeval ignores
     named = SplitLoader("voc", str(root), classes=["zebra", "dog", "cat", "bird"]).load().train
     assert named.category_names == ["zebra", "dog", "cat", "bird"] and named.targets(1)[1].tolist() == [2]
     assert SplitLoader("voc", str(root), cache_dir=str(tmp_path / "cache")).load().train.ann_file == train.ann_file
@@ -97,8 +117,13 @@ def test_a_difficult_object_is_ignored_by_cocoeval(tmp_path):
     detection on it is no false positive; as a plain box, or left out, it would cost AP."""
     from cocodet.models.evaluation import evaluate, load_ground_truth
 
-    root = write_voc(tmp_path / "voc", {s: {"000001": annotation("000001.jpg", [
-        ("dog", 0, (1, 1, 20, 20)), ("dog", 1, (31, 21, 60, 46))])} for s in ("train", "val")})
+    root = write_voc(
+        tmp_path / "voc",
+        {
+            s: {"000001": annotation("000001.jpg", [("dog", 0, (1, 1, 20, 20)), ("dog", 1, (31, 21, 60, 46))])}
+            for s in ("train", "val")
+        },
+    )
     truth = json.loads(open(SplitLoader("voc", str(root)).load().val.ann_file).read())
     assert [a["iscrowd"] for a in truth["annotations"]] == [0, 1]
     dog = {"image_id": 1, "category_id": 1, "bbox": [0, 0, 20, 20], "score": 0.5}
@@ -118,18 +143,28 @@ def test_a_difficult_object_is_ignored_by_cocoeval(tmp_path):
 DTD = '<!DOCTYPE annotation [<!ENTITY who "dog">]>'
 # One val image per bad-input class, with the words its problem must hold (file and object named).
 BAD = {
-    "000011": (annotation("000011.jpg", [("dog", 0, (1, 1, 9, 9)), ("dog", 0, (3, 3, 70, 20))]),
-               "000011.xml <object> 2 of 2: box xmin=3 ymin=3 xmax=70 ymax=20 lies outside the 64x48 image"),
-    "000012": (annotation("000012.jpg", [("dog", 0, (9, 9, 7, 20))]),
-               "000012.xml <object> 1 of 1: box xmin=9 ymin=9 xmax=7 ymax=20 has no area"),
-    "000013": (annotation("000013.jpg", [("dog", 0, (1, 1, 9, 9)), ("horse", 0, (1, 1, 9, 9))]),
-               "000013.xml <object> 2 of 2: class 'horse' is not in dataset.classes"),
+    "000011": (
+        annotation("000011.jpg", [("dog", 0, (1, 1, 9, 9)), ("dog", 0, (3, 3, 70, 20))]),
+        "000011.xml <object> 2 of 2: box xmin=3 ymin=3 xmax=70 ymax=20 lies outside the 64x48 image",
+    ),
+    "000012": (
+        annotation("000012.jpg", [("dog", 0, (9, 9, 7, 20))]),
+        "000012.xml <object> 1 of 1: box xmin=9 ymin=9 xmax=7 ymax=20 has no area",
+    ),
+    "000013": (
+        annotation("000013.jpg", [("dog", 0, (1, 1, 9, 9)), ("horse", 0, (1, 1, 9, 9))]),
+        "000013.xml <object> 2 of 2: class 'horse' is not in dataset.classes",
+    ),
     "000014": (annotation("000014.jpg", [("dog", 0, (1, 1, 9, 9))])[:-5], "000014.xml: not well-formed XML"),
-    "000015": (annotation("000015.jpg", [("&who;", 0, (1, 1, 9, 9))], doctype=DTD),
-               "000015.xml: refused unread: it declares a DTD or entities (DTDForbidden)"),
+    "000015": (
+        annotation("000015.jpg", [("&who;", 0, (1, 1, 9, 9))], doctype=DTD),
+        "000015.xml: refused unread: it declares a DTD or entities (DTDForbidden)",
+    ),
     "000016": (annotation("absent.jpg", [("dog", 0, (1, 1, 9, 9))]), "JPEGImages/absent.jpg not found"),
-    "000017": (annotation("../000001.jpg", [("dog", 0, (1, 1, 9, 9))]),
-               "<filename> '../000001.jpg' resolves outside the dataset root"),
+    "000017": (
+        annotation("../000001.jpg", [("dog", 0, (1, 1, 9, 9))]),
+        "<filename> '../000001.jpg' resolves outside the dataset root",
+    ),
 }
 
 
@@ -154,11 +189,25 @@ def test_each_bad_input_is_refused_at_start_naming_file_and_object(bad):
 
 def test_bad_input_is_skipped_and_recorded(bad, tmp_path):
     """A whole epoch of mode=bench over them under skip: each bad image replaced, with its record."""
-    s = run_in_process(["mode=bench", "dataset=voc", f"dataset.root={bad}", "dataset.classes=[dog]",
-                        "dataset.on_bad_sample=skip", "dataset.image_size=64", "augment=none",
-                        "dataset.train_list=ImageSets/Main/val.txt", "loader=explicit", "loader.num_workers=0",
-                        "loader.batch_size=3", "bench.batches=null", "bench.warmup=0", "bench.decode_probe=0"],
-                       tmp_path / "bench")
+    s = run_in_process(
+        [
+            "mode=bench",
+            "dataset=voc",
+            f"dataset.root={bad}",
+            "dataset.classes=[dog]",
+            "dataset.on_bad_sample=skip",
+            "dataset.image_size=64",
+            "augment=none",
+            "dataset.train_list=ImageSets/Main/val.txt",
+            "loader=explicit",
+            "loader.num_workers=0",
+            "loader.batch_size=3",
+            "bench.batches=null",
+            "bench.warmup=0",
+            "bench.decode_probe=0",
+        ],
+        tmp_path / "bench",
+    )
     records = [json.loads(line) for line in (tmp_path / "bench" / "bad_samples.jsonl").read_text().splitlines()]
     assert s["examples"] == len(BAD) + 2 and s["bad_samples"]["train"]["images"] == len(BAD) + 2
     reasons = {r["image_id"]: r["reason"] for r in records if r["role"] == "sample"}
@@ -167,15 +216,17 @@ def test_bad_input_is_skipped_and_recorded(bad, tmp_path):
 
 
 def test_voc_keys_are_checked_at_start(tmp_path):
+    from conftest import REPO
     from hydra import compose, initialize_config_dir
 
-    from conftest import REPO
     from cocodet.errors import ConfigError
     from cocodet.run_spec.read import read_spec
 
-    for override, words in (("dataset.classes=[]", "dataset.classes=[] is not allowed: expected a list of distinct"),
-                            ("+dataset.train_lists=x", "did you mean dataset.train_list?"),
-                            ("dataset.layout=pascal", "expected coco, yolo or voc")):
+    for override, words in (
+        ("dataset.classes=[]", "dataset.classes=[] is not allowed: expected a list of distinct"),
+        ("+dataset.train_lists=x", "did you mean dataset.train_list?"),
+        ("dataset.layout=pascal", "expected coco, yolo or voc"),
+    ):
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             cfg = compose(config_name="config", overrides=["dataset=voc", override, f"output_dir={tmp_path}"])
         with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]").replace("?", r"\?")):

@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import is_root, run_in_process, run_train
+
 from cocodet.data.partners import window_position
 from cocodet.data.window_cache import HEADER, WindowCache
 from cocodet.errors import ConfigError
@@ -58,7 +58,9 @@ def test_the_cache_returns_what_was_published_and_nothing_can_write_into_it():
     cache = WindowCache(4, 64)
     assert cache.get(2, 7) is None
     assert cache.put(2, 7, image_of(7), (480, 768), 0.0833)
-    image, orig_hw, scale, token = cache.get(6, 7)  # position 6 shares slot 2 with position 2: keyed by the dataset index
+    image, orig_hw, scale, token = cache.get(
+        6, 7
+    )  # position 6 shares slot 2 with position 2: keyed by the dataset index
     assert np.array_equal(image, image_of(7)) and orig_hw == (480, 768) and scale == 0.0833 and cache.intact(token)
     with pytest.raises(ValueError, match="read-only"):
         image[:] = 0  # a recipe writing into what it read raises; nothing shared changes
@@ -149,7 +151,9 @@ def test_a_live_claim_is_held_however_long_it_takes():
 
 def test_a_resume_with_another_window_is_refused_naming_both():
     saved = StreamPosition(8, 0, 1, None, 48).state_dict()
-    with pytest.raises(ResumeError, match=r"augment.partner_window is 48 and this run's is 32.*augment.partner_window=48"):
+    with pytest.raises(
+        ResumeError, match=r"augment.partner_window is 48 and this run's is 32.*augment.partner_window=48"
+    ):
         StreamPosition(8, 0, 1, None, 32).load_state_dict(saved)
     with pytest.raises(ResumeError, match="is None and this run's is 48"):
         StreamPosition(8, 0, 1, None, 48).load_state_dict(StreamPosition(8, 0, 1).state_dict())
@@ -157,8 +161,20 @@ def test_a_resume_with_another_window_is_refused_naming_both():
 
 
 def bench_args(coco_tiny, *extra):
-    return ["mode=bench", "dataset=coco", f"dataset.root={coco_tiny}", "dataset.image_size=192", "loader.batch_size=8", "bench.batches=25", "bench.warmup=0", "bench.digest_batches=25",
-            "bench.decode_probe=0", "augment.partners=window", "augment.partner_window=16", *extra]
+    return [
+        "mode=bench",
+        "dataset=coco",
+        f"dataset.root={coco_tiny}",
+        "dataset.image_size=192",
+        "loader.batch_size=8",
+        "bench.batches=25",
+        "bench.warmup=0",
+        "bench.digest_batches=25",
+        "bench.decode_probe=0",
+        "augment.partners=window",
+        "augment.partner_window=16",
+        *extra,
+    ]
 
 
 def test_window_partners_keep_the_stream_contract(coco_tiny, tmp_path):
@@ -166,17 +182,22 @@ def test_window_partners_keep_the_stream_contract(coco_tiny, tmp_path):
     window cache off): one stream over three epochs. With the window cache a sample costs about
     one decode; the whole-dataset stream is another one."""
     digests, decodes = {}, {}
-    for name, extra in {"w0": ["loader.num_workers=0"], "w1": ["loader.num_workers=1"],
-                        "w2": ["loader.num_workers=2"], "w4": ["loader.num_workers=4"],
-                        "parts3": ["loader.num_workers=2", "loader.part_images=3"],
-                        "ram": ["loader.num_workers=2", "dataset.cache=ram"]}.items():
+    for name, extra in {
+        "w0": ["loader.num_workers=0"],
+        "w1": ["loader.num_workers=1"],
+        "w2": ["loader.num_workers=2"],
+        "w4": ["loader.num_workers=4"],
+        "parts3": ["loader.num_workers=2", "loader.part_images=3"],
+        "ram": ["loader.num_workers=2", "dataset.cache=ram"],
+    }.items():
         s = run_in_process(bench_args(coco_tiny, "loader=explicit", *extra), tmp_path / name)
         assert s["digest_batches"] == 25 and len(s["epochs"]) == 3, name
         digests[name], decodes[name] = s["batch_digest"], s["decodes_per_sample"]
     assert len(set(digests.values())) == 1, digests
     assert decodes["w0"] < 1.4 and decodes["w2"] < 1.6 and decodes["ram"] == 0, decodes
-    whole = run_in_process(bench_args(coco_tiny, "loader=explicit", "loader.num_workers=2", "augment.partners=dataset"),
-                           tmp_path / "whole")  # the later override wins
+    whole = run_in_process(
+        bench_args(coco_tiny, "loader=explicit", "loader.num_workers=2", "augment.partners=dataset"), tmp_path / "whole"
+    )  # the later override wins
     assert whole["batch_digest"] != digests["w2"] and whole["decodes_per_sample"] > 2.5
 
 
@@ -185,11 +206,20 @@ def test_window_partners_keep_the_stream_contract(coco_tiny, tmp_path):
 def test_window_partners_in_a_64mb_shm_match_an_unconstrained_run(coco_tiny, tmp_path):
     """Docker's default /dev/shm at batch 64 and 640 px: the window cache lives in anonymous
     shared memory, not there; the plan says so, and the stream is the unconstrained run's."""
-    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-              'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"', "sh"]
+    prefix = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"',
+        "sh",
+    ]
     # Batches of 64 at 640 px: 79 MB each as a FlatBatch, more than the whole /dev/shm, so the plan ships parts.
-    args = bench_args(coco_tiny, "dataset.image_size=640", "loader.batch_size=64", "bench.batches=3",
-                      "bench.digest_batches=3")
+    args = bench_args(
+        coco_tiny, "dataset.image_size=640", "loader.batch_size=64", "bench.batches=3", "bench.digest_batches=3"
+    )
     _, small = run_train(args, tmp_path / "small", prefix=prefix)
     _, free = run_train(args, tmp_path / "free")
     assert small["shm_free_bytes"] <= 64 << 20 and small["window_slots"] > 16 and small["batches"] == 3
@@ -200,13 +230,22 @@ def test_a_sample_built_from_a_slot_rewritten_meanwhile_is_built_again(coco_tiny
     """The dataset reads partners as views into the cache and checks them once the sample is
     built: a slot another worker rewrote while the recipe read it makes the sample be built
     again, with the pixels a decode gives."""
-    from cocodet.datasets.splits import SplitLoader
     from cocodet.data.dataset import DetectionDataset
+    from cocodet.datasets.splits import SplitLoader
     from cocodet.loader.epoch_sampler import EpochSampler
     from cocodet.loader.rank_share import RankOrder
 
-    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
-                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
+    train = (
+        SplitLoader(
+            root=str(coco_tiny),
+            train_images="train2017",
+            train_ann="annotations/instances_train2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .train
+    )
     keys = list(EpochSampler(len(train), 5, True, window=8).epoch_keys(1))[:24]
 
     def dataset(cache):
@@ -267,11 +306,20 @@ def test_a_partner_another_worker_is_decoding_is_waited_for_not_decoded_again(co
     was decoded by both)."""
     import torch.utils.data
 
-    from cocodet.datasets.splits import SplitLoader
     from cocodet.data import image_reader
+    from cocodet.datasets.splits import SplitLoader
 
-    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
-                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
+    train = (
+        SplitLoader(
+            root=str(coco_tiny),
+            train_images="train2017",
+            train_ann="annotations/instances_train2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .train
+    )
     keys, p, q = a_sample_and_its_partner(train)
     slow = keys[q].index
     expected = window_dataset(train, None).__getitems__([keys[q], keys[p]])
@@ -286,9 +334,13 @@ def test_a_partner_another_worker_is_decoding_is_waited_for_not_decoded_again(co
 
     monkeypatch.setattr(image_reader, "load_resized", logged)
     cache = WindowCache(32, 96)  # waits up to WAIT_S (2 s)
-    loader = torch.utils.data.DataLoader(window_dataset(train, cache), batch_sampler=[[keys[q]], [keys[p]]],
-                                         num_workers=2, collate_fn=lambda samples: samples,
-                                         multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        window_dataset(train, cache),
+        batch_sampler=[[keys[q]], [keys[p]]],
+        num_workers=2,
+        collate_fn=lambda samples: samples,
+        multiprocessing_context="fork",
+    )
     got = [sample for batch in loader for sample in batch]  # batch i goes to worker i
     decodes = [line.split() for line in log.read_text().splitlines()]
     per_image = collections.Counter(int(k) for _, k in decodes)
@@ -335,8 +387,17 @@ def test_a_writer_killed_mid_decode_releases_its_claim_and_the_waiter_decodes_it
     published nothing)."""
     from cocodet.datasets.splits import SplitLoader
 
-    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
-                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
+    train = (
+        SplitLoader(
+            root=str(coco_tiny),
+            train_images="train2017",
+            train_ann="annotations/instances_train2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .train
+    )
     keys, p, _ = a_sample_and_its_partner(train)
     cache = WindowCache(32, 96)  # waits up to WAIT_S (2 s)
     dataset = window_dataset(train, cache)
@@ -364,8 +425,17 @@ def test_a_stuck_writer_is_waited_for_at_most_the_bound_and_another_images_not_a
     a writer of another image in the slot is not waited for."""
     from cocodet.datasets.splits import SplitLoader
 
-    train = SplitLoader(root=str(coco_tiny), train_images="train2017", train_ann="annotations/instances_train2017.json",
-                        val_images="val2017", val_ann="annotations/instances_val2017.json").load().train
+    train = (
+        SplitLoader(
+            root=str(coco_tiny),
+            train_images="train2017",
+            train_ann="annotations/instances_train2017.json",
+            val_images="val2017",
+            val_ann="annotations/instances_val2017.json",
+        )
+        .load()
+        .train
+    )
     keys, p, q = a_sample_and_its_partner(train)
     cache = WindowCache(32, 96)
     cache.wait_s = 0.5

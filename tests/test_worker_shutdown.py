@@ -20,8 +20,9 @@ def hold(event) -> None:
 
 
 def test_shutdown_returns_after_a_worker_died_holding_the_done_event_lock():
-    loader = torch.utils.data.DataLoader(range(1000), batch_size=1, num_workers=2, persistent_workers=True,
-                                         multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        range(1000), batch_size=1, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
+    )
     iterator = iter(loader)
     next(iterator)
     holder = multiprocessing.get_context("fork").Process(target=hold, args=(iterator._workers_done_event,))

@@ -13,9 +13,8 @@ import sys
 import numpy as np
 import pytest
 import yaml
-from PIL import Image, ImageOps
-
 from conftest import REPO
+from PIL import Image, ImageOps
 
 from cocodet.datasets.index import DatasetConfigError
 from cocodet.datasets.splits import SplitLoader
@@ -67,8 +66,9 @@ def test_a_layout_reads_into_the_coco_index_with_pixel_boxes_and_its_ground_trut
     assert train.category_ids.tolist() == [0, 1, 2] and train.category_names == NAMES
     assert train.label_to_category(train.targets(1)[1]).tolist() == [2]
     gt = json.loads(open(val.ann_file).read())
-    assert gt["annotations"] == [{"id": 1, "image_id": 10, "iscrowd": 0, "category_id": 1, "bbox": [0.0, 0.0, 64.0, 48.0],
-                                  "area": 64.0 * 48.0}]
+    assert gt["annotations"] == [
+        {"id": 1, "image_id": 10, "iscrowd": 0, "category_id": 1, "bbox": [0.0, 0.0, 64.0, 48.0], "area": 64.0 * 48.0}
+    ]
     assert [c["name"] for c in gt["categories"]] == NAMES
     dropped, _ = yolo_splits(str(small / "data.yaml"), None, False, str(tmp_path / "cache"))
     assert dropped.image_ids.tolist() == [1, 2] and dropped.dropped["empty_image"] == 1
@@ -85,8 +85,16 @@ def test_data_yaml_rules(tmp_path):
     # Roboflow's ../train/images beside data.yaml; names as a dict; val as a list of a list file;
     # a download script that must never run.
     data = root / "data.yaml"
-    data.write_text(yaml.safe_dump({"train": "../train/images", "val": ["lists/val.txt"], "names": {0: "a", 5: "f"},
-                                    "download": f"import pathlib; pathlib.Path('{marker}').write_text('ran')"}))
+    data.write_text(
+        yaml.safe_dump(
+            {
+                "train": "../train/images",
+                "val": ["lists/val.txt"],
+                "names": {0: "a", 5: "f"},
+                "download": f"import pathlib; pathlib.Path('{marker}').write_text('ran')",
+            }
+        )
+    )
     found = read_data_yaml(find_data_yaml(None, str(root)))
     assert found.root == str(root.resolve()) and found.category_ids == (0, 5) and found.names == ("a", "f")
     assert found.splits["train"] == (str((root / "train" / "images").resolve()),)
@@ -99,12 +107,15 @@ def test_data_yaml_rules(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("content, named", [
-    ({"val": "v", "names": ["a"]}, "no train key"),
-    ({"train": "t", "val": "nowhere", "names": ["a"]}, "val: nowhere does not exist"),
-    ({"train": "t", "val": "t", "names": "a"}, "names must be a list"),
-    ({"train": "t", "val": "t", "names": ["a", "b"], "nc": 3}, "nc: 3 but names lists 2"),
-])
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ({"val": "v", "names": ["a"]}, "no train key"),
+        ({"train": "t", "val": "nowhere", "names": ["a"]}, "val: nowhere does not exist"),
+        ({"train": "t", "val": "t", "names": "a"}, "names must be a list"),
+        ({"train": "t", "val": "t", "names": ["a", "b"], "nc": 3}, "nc: 3 but names lists 2"),
+    ],
+)
 def test_a_data_yaml_that_cannot_be_used_is_refused_naming_the_key(tmp_path, content, named):
     (tmp_path / "t").mkdir()
     (tmp_path / "data.yaml").write_text(yaml.safe_dump(content))
@@ -113,9 +124,20 @@ def test_a_data_yaml_that_cannot_be_used_is_refused_naming_the_key(tmp_path, con
 
 
 def test_a_missing_data_yaml_exits_2_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "mode=plan", "dataset=yolo",
-                           f"dataset.root={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "mode=plan",
+            "dataset=yolo",
+            f"dataset.root={tmp_path}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "no data.yaml in dataset.root=" in last and "dataset.yaml=PATH/data.yaml" in last, last
@@ -146,9 +168,15 @@ def test_a_segment_line_becomes_its_bounding_box(tmp_path):
 
 # PIL's exif_transpose turns the stored image into the displayed one; its inverse writes a
 # stored image whose display is the one drawn.
-INVERSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
-           5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
-           8: Image.Transpose.ROTATE_270}
+INVERSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_90,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_270,
+}
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
@@ -230,7 +258,9 @@ def bad(tmp_path):
     for stem in ["000001", "000002", *BAD_LINES, "000017"]:
         write_image(root / "images" / "train" / f"{stem}.jpg")
     write_image(root / "images" / "val" / "000020.jpg")
-    write_label(root, "train", "000001", ["0 0.5 0.5 0.5 0.5", "2 1.004 0.5 0.1 0.1"])  # 0.4% past the edge: clipped later
+    write_label(
+        root, "train", "000001", ["0 0.5 0.5 0.5 0.5", "2 1.004 0.5 0.1 0.1"]
+    )  # 0.4% past the edge: clipped later
     write_label(root, "train", "000002", ["1 0.5 0.5 0.5 0.5"])
     for stem, (lines, _) in BAD_LINES.items():
         write_label(root, "train", stem, lines)
@@ -247,7 +277,10 @@ def test_each_bad_label_line_is_named_with_its_file_and_line(bad):
     train = SplitLoader("yolo", str(bad), on_bad_sample="skip").load().train
     problems = dict(zip(train.image_ids.tolist(), train.problems.tolist()))
     for stem, (_, words) in BAD_LINES.items():
-        assert (words or "") in problems[int(stem)] and bool(problems[int(stem)]) == bool(words), (stem, problems[int(stem)])
+        assert (words or "") in problems[int(stem)] and bool(problems[int(stem)]) == bool(words), (
+            stem,
+            problems[int(stem)],
+        )
     assert "above 4194304; not read" in problems[17]
     assert train.dropped == {"non_finite_box": 1, "degenerate_box": 1, "empty_image": 0}
     np.testing.assert_allclose(train.targets(0)[0][1], [61.056, 21.6, 67.456, 26.4], atol=1e-3)
@@ -256,16 +289,40 @@ def test_each_bad_label_line_is_named_with_its_file_and_line(bad):
 def test_bad_labels_are_skipped_and_counted_in_the_summaries(bad, tmp_path):
     """mode=verify counts the refused images and the dropped boxes exactly; a bench under skip
     draws every train image once and skips exactly the 5 bad ones, with their records."""
-    common = [sys.executable, str(REPO / "train.py"), "dataset=yolo", f"dataset.yaml={bad / 'data.yaml'}",
-              "dataset.on_bad_sample=skip", "dataset.image_size=64"]
-    proc = subprocess.run([*common, "mode=verify", f"hydra.run.dir={tmp_path / 'verify'}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    common = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "dataset=yolo",
+        f"dataset.yaml={bad / 'data.yaml'}",
+        "dataset.on_bad_sample=skip",
+        "dataset.image_size=64",
+    ]
+    proc = subprocess.run(
+        [*common, "mode=verify", f"hydra.run.dir={tmp_path / 'verify'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 2 and summary["problems"] == {"train": 5, "val": 0}, proc.stderr[-2000:]
     assert summary["dropped_annotations"]["train"] == {"non_finite_box": 1, "degenerate_box": 1, "empty_image": 0}
-    proc = subprocess.run([*common, "mode=bench", "bench.batches=null", "bench.warmup=0", "bench.decode_probe=0",
-                           "loader.batch_size=3", "augment=none", f"hydra.run.dir={tmp_path / 'bench'}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            *common,
+            "mode=bench",
+            "bench.batches=null",
+            "bench.warmup=0",
+            "bench.decode_probe=0",
+            "loader.batch_size=3",
+            "augment=none",
+            f"hydra.run.dir={tmp_path / 'bench'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     records = [json.loads(line) for line in (tmp_path / "bench" / "bad_samples.jsonl").read_text().splitlines()]

@@ -68,7 +68,9 @@ def test_a_checkpoint_of_another_width_or_model_is_refused_with_what_differs():
     with pytest.raises(CheckpointError) as caught:
         load_weights(Wrapped(name="fcos_resnet18_fpn"), "narrow.ckpt", True, narrow)
     line = str(caught.value)
-    assert "first model.backbone.fpn.inner_blocks.0.0.weight: [64, 128, 1, 1] saved, [256, 128, 1, 1] configured" in line
+    assert (
+        "first model.backbone.fpn.inner_blocks.0.0.weight: [64, 128, 1, 1] saved, [256, 128, 1, 1] configured" in line
+    )
     assert "trained with model.detector.fpn_channels=64" in line and "\n" not in line
     with pytest.raises(CheckpointError, match=r"tensors missing, first \['model.backbone.body.0.0.weight'\]"):
         load_weights(Wrapped(name="fasterrcnn_mobilenet_v3_large_fpn"), "narrow.ckpt", True, narrow)

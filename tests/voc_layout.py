@@ -10,7 +10,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from PIL import Image
-
 from yolo_layout import link_or_copy
 
 
@@ -56,13 +55,16 @@ def voc_as_coco(root: Path, split: str, class_splits: tuple[str, ...], out: Path
     images, ``classes`` or those sorted by name over ``class_splits`` (category id = 1 +
     position), each object as ``[xmin - 1, ymin - 1, xmax - xmin + 1, ymax - ymin + 1]`` with
     ``area`` = w * h and ``iscrowd`` = difficult."""
+
     def ids(s: str) -> list[str]:
         return (root / "ImageSets" / "Main" / f"{s}.txt").read_text().split()
 
     def parsed(i: str) -> ET.Element:
         return ET.parse(root / "Annotations" / f"{i}.xml").getroot()
 
-    classes = classes or sorted({o.findtext("name") for s in class_splits for i in ids(s) for o in parsed(i).iter("object")})
+    classes = classes or sorted(
+        {o.findtext("name") for s in class_splits for i in ids(s) for o in parsed(i).iter("object")}
+    )
     images, annotations = [], []
     for i in ids(split):
         tree = parsed(i)
@@ -72,9 +74,16 @@ def voc_as_coco(root: Path, split: str, class_splits: tuple[str, ...], out: Path
         for o in tree.iter("object"):
             x0, y0, x1, y1 = (float(o.find("bndbox").findtext(k)) for k in ("xmin", "ymin", "xmax", "ymax"))
             box = [x0 - 1, y0 - 1, x1 - x0 + 1, y1 - y0 + 1]
-            annotations.append({"id": len(annotations) + 1, "image_id": int(i), "bbox": box, "area": box[2] * box[3],
-                                "category_id": classes.index(o.findtext("name")) + 1,
-                                "iscrowd": int(o.findtext("difficult") == "1")})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": int(i),
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "category_id": classes.index(o.findtext("name")) + 1,
+                    "iscrowd": int(o.findtext("difficult") == "1"),
+                }
+            )
     categories = [{"id": k + 1, "name": n} for k, n in enumerate(classes)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))

@@ -36,8 +36,11 @@ def coco_as_yolo(ann_file: Path, image_dir: Path, out: Path, split: str, by_cate
     for im in data["images"]:
         link_or_copy(image_dir / im["file_name"], out / "images" / split / im["file_name"])
         w, h = im["width"], im["height"]
-        lines = [f"{cls[a['category_id']]} {(x + bw / 2) / w!r} {(y + bh / 2) / h!r} {bw / w!r} {bh / h!r}"
-                 for a in boxes.get(im["id"], []) for x, y, bw, bh in [a["bbox"]]]
+        lines = [
+            f"{cls[a['category_id']]} {(x + bw / 2) / w!r} {(y + bh / 2) / h!r} {bw / w!r} {bh / h!r}"
+            for a in boxes.get(im["id"], [])
+            for x, y, bw, bh in [a["bbox"]]
+        ]
         if lines:
             label = out / "labels" / split / (Path(im["file_name"]).stem + ".txt")
             label.parent.mkdir(parents=True, exist_ok=True)
@@ -61,12 +64,20 @@ def yolo_as_coco(root: Path, split: str, names: dict, out: Path) -> Path:
         image_id = int(path.stem)
         images.append({"id": image_id, "file_name": path.name, "width": w, "height": h})
         label = root / "labels" / split / f"{path.stem}.txt"
-        for line in (label.read_text().split("\n") if label.exists() else []):
+        for line in label.read_text().split("\n") if label.exists() else []:
             if line.strip():
                 c, cx, cy, bw, bh = line.split()
                 box = [(float(cx) - float(bw) / 2) * w, (float(cy) - float(bh) / 2) * h, float(bw) * w, float(bh) * h]
-                annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(c),
-                                    "bbox": box, "area": box[2] * box[3], "iscrowd": 0})
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": int(c),
+                        "bbox": box,
+                        "area": box[2] * box[3],
+                        "iscrowd": 0,
+                    }
+                )
     categories = [{"id": int(k), "name": v} for k, v in names.items()]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))

@@ -30,30 +30,90 @@ MOVED_TARGETS = {
 }
 # The index package, renamed coco/ -> datasets/ once it held every layout: module -> its public
 # names; those that also changed module are listed after.
-_DATASETS = {"index": ("CocoIndex", "DatasetConfigError", "build_index", "load_coco_json"),
-             "index_cache": ("cached_index", "through_cache", "index_key"),
-             "bad_samples": ("BadSampleLedger", "skip_record", "append_records"), "synthetic": ("ensure_synthetic",),
-             "yolo_index": ("yolo_splits", "split_index", "list_images", "files_key", "image_ids", "build_split_index",
-                            "write_ground_truth"),
-             "yolo_labels": ("Labels", "label_path", "read_labels"),
-             "yolo_yaml": ("YoloLayout", "resolve", "parent", "find_data_yaml", "read_data_yaml")}
-MOVED_TARGETS.update({f"cocodet.coco.{module}.{name}": f"cocodet.datasets.{module}.{name}"
-                      for module, names in _DATASETS.items() for name in names})
-MOVED_TARGETS.update({"cocodet.coco.index.resolve_inside": "cocodet.datasets.paths.resolve_inside",
-                      "cocodet.coco.index.remote_inside": "cocodet.datasets.paths.remote_inside",
-                      "cocodet.coco.splits.annotation_file": "cocodet.datasets.coco_layout.annotation_file"})
+_DATASETS = {
+    "index": ("CocoIndex", "DatasetConfigError", "build_index", "load_coco_json"),
+    "index_cache": ("cached_index", "through_cache", "index_key"),
+    "bad_samples": ("BadSampleLedger", "skip_record", "append_records"),
+    "synthetic": ("ensure_synthetic",),
+    "yolo_index": (
+        "yolo_splits",
+        "split_index",
+        "list_images",
+        "files_key",
+        "image_ids",
+        "build_split_index",
+        "write_ground_truth",
+    ),
+    "yolo_labels": ("Labels", "label_path", "read_labels"),
+    "yolo_yaml": ("YoloLayout", "resolve", "parent", "find_data_yaml", "read_data_yaml"),
+}
+MOVED_TARGETS.update(
+    {
+        f"cocodet.coco.{module}.{name}": f"cocodet.datasets.{module}.{name}"
+        for module, names in _DATASETS.items()
+        for name in names
+    }
+)
+MOVED_TARGETS.update(
+    {
+        "cocodet.coco.index.resolve_inside": "cocodet.datasets.paths.resolve_inside",
+        "cocodet.coco.index.remote_inside": "cocodet.datasets.paths.remote_inside",
+        "cocodet.coco.splits.annotation_file": "cocodet.datasets.coco_layout.annotation_file",
+    }
+)
 # loader/ in rooms: what the plan needs (loader/plan/, no torch) and what handles failures
 # (loader/failures/): old module -> (new module, its public names); names that changed module after.
 LOADER_MOVES = {
-    "plan_record": ("plan.records", ("WorkerCap", "ShmCheck", "Budget", "LoaderDraft", "Window", "LoaderRequest",
-                                     "RecipeShape", "BatchGeometry", "LoaderPlan")),
+    "plan_record": (
+        "plan.records",
+        (
+            "WorkerCap",
+            "ShmCheck",
+            "Budget",
+            "LoaderDraft",
+            "Window",
+            "LoaderRequest",
+            "RecipeShape",
+            "BatchGeometry",
+            "LoaderPlan",
+        ),
+    ),
     "plan_table": ("plan.table", ("shm_split_text", "side_text", "plan_table")),
-    "plan_reasons": ("plan.reasons", ("explain", "shm_size_for", "cpu_reason", "no_shm_reason", "shm_reason", "in_parts",
-                                      "in_process", "memory_reason", "over_cpus", "over_shm", "over_memory",
-                                      "near_nofile", "near_max_map_count", "window_note")),
-    "budget": ("plan.budget", ("shm_budget", "host_budget", "loader_draft", "parts_that_fit", "memory_limit",
-                               "worker_memory", "inflight_fds", "explicit_part_images", "decide_workers",
-                               "window_cache", "finished_plan")),
+    "plan_reasons": (
+        "plan.reasons",
+        (
+            "explain",
+            "shm_size_for",
+            "cpu_reason",
+            "no_shm_reason",
+            "shm_reason",
+            "in_parts",
+            "in_process",
+            "memory_reason",
+            "over_cpus",
+            "over_shm",
+            "over_memory",
+            "near_nofile",
+            "near_max_map_count",
+            "window_note",
+        ),
+    ),
+    "budget": (
+        "plan.budget",
+        (
+            "shm_budget",
+            "host_budget",
+            "loader_draft",
+            "parts_that_fit",
+            "memory_limit",
+            "worker_memory",
+            "inflight_fds",
+            "explicit_part_images",
+            "decide_workers",
+            "window_cache",
+            "finished_plan",
+        ),
+    ),
     "policy": ("plan.policy", ("plan_loader",)),
     "pod_requests": ("plan.pod_requests", ("pod_requests", "pod_requests_text")),
     "resources": ("plan.resources", ("HostResources", "shm_space", "probe", "raise_nofile_limit")),
@@ -66,12 +126,22 @@ LOADER_MOVES = {
     "worker_deaths": ("failures.worker_deaths", ("WorkerDied", "dead_worker_error", "fetching")),
     "worker_shutdown": ("failures.worker_shutdown", ("shut_down_workers",)),
 }
-MOVED_TARGETS.update({f"cocodet.loader.{old}.{name}": f"cocodet.loader.{new}.{name}"
-                      for old, (new, names) in LOADER_MOVES.items() for name in names})
-MOVED_TARGETS.update({f"cocodet.loader.diagnose.{name}": f"cocodet.loader.failures.classify.{name}"
-                      for name in ("full_disk_path", "classify", "worker_signals", "failure_kind")})
-MOVED_TARGETS.update({f"cocodet.loader.window_plan.{name}": f"cocodet.window_slot.{name}"
-                      for name in ("slot_pixels", "slot_bytes")})
+MOVED_TARGETS.update(
+    {
+        f"cocodet.loader.{old}.{name}": f"cocodet.loader.{new}.{name}"
+        for old, (new, names) in LOADER_MOVES.items()
+        for name in names
+    }
+)
+MOVED_TARGETS.update(
+    {
+        f"cocodet.loader.diagnose.{name}": f"cocodet.loader.failures.classify.{name}"
+        for name in ("full_disk_path", "classify", "worker_signals", "failure_kind")
+    }
+)
+MOVED_TARGETS.update(
+    {f"cocodet.loader.window_plan.{name}": f"cocodet.window_slot.{name}" for name in ("slot_pixels", "slot_bytes")}
+)
 MOVED_TARGETS["cocodet.loader.flat_batch.PartJoiner"] = "cocodet.loader.part_joiner.PartJoiner"
 _warned: set[str] = set()
 
@@ -88,8 +158,12 @@ def current_targets(tree: dict) -> list[str]:
         rewritten.append(key)
         if old not in _warned:
             _warned.add(old)
-            log.warning("%s=%s is an old path: the class is %s now; name that in your config (the old path is "
-                        "mapped for you)", key, old, new)
+            log.warning(
+                "%s=%s is an old path: the class is %s now; name that in your config (the old path is mapped for you)",
+                key,
+                old,
+                new,
+            )
     return rewritten
 
 

@@ -17,19 +17,27 @@ import re
 
 # A key name that holds a credential: s3fs's key/secret/token, botocore's aws_* names, and the
 # usual spellings of other fsspec implementations (password, account_key, sas_token, credentials).
-_CREDENTIAL_NAME = re.compile(r"(^|_)(key|secret|token|password|passwd|credentials?)$"
-                              r"|^aws_(access_key_id|secret_access_key|session_token|security_token)$", re.I)
+_CREDENTIAL_NAME = re.compile(
+    r"(^|_)(key|secret|token|password|passwd|credentials?)$"
+    r"|^aws_(access_key_id|secret_access_key|session_token|security_token)$",
+    re.I,
+)
 # Names that are a credential wherever they appear: AWS's and MLflow's environment variables.
-_ALWAYS = re.compile(r"aws_(access_key_id|secret_access_key|session_token|security_token)"
-                     r"|mlflow_tracking_(username|password|token)", re.I)
+_ALWAYS = re.compile(
+    r"aws_(access_key_id|secret_access_key|session_token|security_token)"
+    r"|mlflow_tracking_(username|password|token)",
+    re.I,
+)
 # Where such a name is a credential: fsspec's options, Hydra's env_set (it sets variables), and
 # the MLflow logger's options (logger.mlflow.*).
 _SCOPES = ("storage_options", "env_set", "mlflow")
 _USERINFO = re.compile(r"[a-zA-Z][a-zA-Z0-9+.\-]*://[^/@\s]+:[^/@\s]*@")  # scheme://user:password@host
-ADVICE = ("put credentials in the environment instead (a bucket's: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-          "AWS_SESSION_TOKEN or AWS_PROFILE, README \"Data in a bucket\"; an MLflow server's: MLFLOW_TRACKING_USERNAME "
-          "and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, README \"Tracking runs in MLflow\"; in Kubernetes, a "
-          "Secret) and leave them out of overrides and config files")
+ADVICE = (
+    "put credentials in the environment instead (a bucket's: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+    'AWS_SESSION_TOKEN or AWS_PROFILE, README "Data in a bucket"; an MLflow server\'s: MLFLOW_TRACKING_USERNAME '
+    'and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, README "Tracking runs in MLflow"; in Kubernetes, a '
+    "Secret) and leave them out of overrides and config files"
+)
 
 
 def is_credential(dotted_key: str) -> bool:
@@ -48,8 +56,10 @@ def refused_override(argument: str) -> str | None:
     if is_credential(key):
         return f"{key.lstrip('+~')} is a credential given as an override (Hydra writes overrides to .hydra/): {ADVICE}"
     if _USERINFO.search(value):
-        return (f"{key.lstrip('+~')} holds a URL with a user name and password (scheme://user:password@host), which "
-                f"Hydra would write to .hydra/: {ADVICE}")
+        return (
+            f"{key.lstrip('+~')} holds a URL with a user name and password (scheme://user:password@host), which "
+            f"Hydra would write to .hydra/: {ADVICE}"
+        )
     return None
 
 

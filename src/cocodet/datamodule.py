@@ -58,19 +58,38 @@ class CocoDataModule(BatchTransfer, TrainValLoaders, L.LightningDataModule):
             ``datasets/splits.py``'s ``SplitLoader`` (``conf/dataset/*.yaml``), not here.
     """
 
-    def __init__(self, image_size: int, recipe: Recipe, batch_size: int, seed: int, plan: LoaderPlan,
-                 val_batch_size: int | None = None, on_bad_sample: str = "raise", verify: bool = False,
-                 cache_dir: str | None = None, cache: str = "none", run_dir: str | None = None,
-                 replanner: Replanner | None = None, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-                 group_aspect_ratio: int | None = None, remote: dict | None = None, **dataset):
+    def __init__(
+        self,
+        image_size: int,
+        recipe: Recipe,
+        batch_size: int,
+        seed: int,
+        plan: LoaderPlan,
+        val_batch_size: int | None = None,
+        on_bad_sample: str = "raise",
+        verify: bool = False,
+        cache_dir: str | None = None,
+        cache: str = "none",
+        run_dir: str | None = None,
+        replanner: Replanner | None = None,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        group_aspect_ratio: int | None = None,
+        remote: dict | None = None,
+        **dataset,
+    ):
         super().__init__()
         refuse_uncacheable(cache, recipe)
         if recipe.image_size != image_size:
             raise ValueError(
-                f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}")
+                f"the recipe's image_size {recipe.image_size} differs from dataset.image_size {image_size}"
+            )
         keep_empty = dataset.pop("keep_empty", None)
-        self.split_loader = SplitLoader(**dataset, keep_empty=recipe.keep_empty if keep_empty is None else keep_empty,
-                                        on_bad_sample=on_bad_sample, cache_dir=cache_dir)
+        self.split_loader = SplitLoader(
+            **dataset,
+            keep_empty=recipe.keep_empty if keep_empty is None else keep_empty,
+            on_bad_sample=on_bad_sample,
+            cache_dir=cache_dir,
+        )
         self.stream_batches: tuple[int, int] | None = None  # (train batches from epoch 0, whole epochs): the bench's
         self.read_ahead = None  # a remote root's ReadAhead (read_ahead/start.py), started with the train loader
         self.samples_consumed = 0  # train samples that reached the model (or the bench)
@@ -109,19 +128,45 @@ class CocoDataModule(BatchTransfer, TrainValLoaders, L.LightningDataModule):
         on_bad_sample = self.split_loader.on_bad_sample
         if self.verify:  # before the pixel caches: they hold only the images kept
             self.train_index, self.val_index = verified_indexes(
-                self.train_index, self.val_index, self.run_dir or Path.cwd(), self.max_image_pixels, on_bad_sample,
-                self.bad_samples)
-        pixels = pixel_caches(self.train_index, self.val_index, self.image_size, self.cache, self.cache_dir,
-                              self.plan, self.max_image_pixels)
-        self.train_set, self.val_set = split_datasets(self.train_index, self.val_index, self.recipe, self.eval_recipe,
-                                                      self.seed, on_bad_sample, pixels, self.max_image_pixels)
+                self.train_index,
+                self.val_index,
+                self.run_dir or Path.cwd(),
+                self.max_image_pixels,
+                on_bad_sample,
+                self.bad_samples,
+            )
+        pixels = pixel_caches(
+            self.train_index,
+            self.val_index,
+            self.image_size,
+            self.cache,
+            self.cache_dir,
+            self.plan,
+            self.max_image_pixels,
+        )
+        self.train_set, self.val_set = split_datasets(
+            self.train_index,
+            self.val_index,
+            self.recipe,
+            self.eval_recipe,
+            self.seed,
+            on_bad_sample,
+            pixels,
+            self.max_image_pixels,
+        )
 
     def validate_on_train_split(self) -> None:
         """Make the validation loader read the train split (validation's recipe): ``mode=eval
         eval.split=train``."""
         self.val_index, self.val_ann_file = self.train_index, self.train_ann_file
-        self.val_set = DetectionDataset(self.train_index, self.eval_recipe, self.seed, self.train_set.on_bad_sample,
-                                        reuse_outputs=True, max_image_pixels=self.max_image_pixels)
+        self.val_set = DetectionDataset(
+            self.train_index,
+            self.eval_recipe,
+            self.seed,
+            self.train_set.on_bad_sample,
+            reuse_outputs=True,
+            max_image_pixels=self.max_image_pixels,
+        )
 
     @property
     def plan(self) -> LoaderPlan:
@@ -143,8 +188,9 @@ class CocoDataModule(BatchTransfer, TrainValLoaders, L.LightningDataModule):
 
     def load_state_dict(self, state: dict) -> None:
         """Called by Lightning while restoring a checkpoint, before the train loader is built."""
-        self.stream.load_state_dict(state, self.trainer.global_rank if self.trainer is not None else 0,
-                                    self._world_size())
+        self.stream.load_state_dict(
+            state, self.trainer.global_rank if self.trainer is not None else 0, self._world_size()
+        )
 
     def _world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
@@ -155,10 +201,15 @@ class CocoDataModule(BatchTransfer, TrainValLoaders, L.LightningDataModule):
             return None
         counts = storage_counts()
         samples = max(1, self.samples_consumed)
-        return {"gets": int(counts["gets"]), "bytes_fetched": int(counts["bytes_fetched"]),
-                "misses": int(counts["misses"]), "retries": int(counts["retries"]),
-                "cache_hits": int(counts["cache_hits"]), "gets_per_sample": round(counts["gets"] / samples, 4),
-                "read_ahead": self.read_ahead.summary() if self.read_ahead is not None else self.read_ahead_record}
+        return {
+            "gets": int(counts["gets"]),
+            "bytes_fetched": int(counts["bytes_fetched"]),
+            "misses": int(counts["misses"]),
+            "retries": int(counts["retries"]),
+            "cache_hits": int(counts["cache_hits"]),
+            "gets_per_sample": round(counts["gets"] / samples, 4),
+            "read_ahead": self.read_ahead.summary() if self.read_ahead is not None else self.read_ahead_record,
+        }
 
     def ddp_summary(self) -> dict:
         """Every rank's consumption, gathered (collective: every rank must call it)."""

@@ -10,8 +10,16 @@ annotation that cannot be used, which ``dataset.on_bad_sample`` decides about.
 # are the ``status`` of the RunStopped that ended the run (``store_down`` is storage's
 # StoreDown). README "Watching a run" and design §2 list them; tests/test_readme.py checks both
 # lists and every status set in src/.
-RUN_STATUSES = ("completed", "preempted", "interrupted", "store_down", "disk_full", "diverged", "collapsed",
-                "nonfinite")
+RUN_STATUSES = (
+    "completed",
+    "preempted",
+    "interrupted",
+    "store_down",
+    "disk_full",
+    "diverged",
+    "collapsed",
+    "nonfinite",
+)
 
 
 class UserError(Exception):

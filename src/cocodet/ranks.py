@@ -41,8 +41,10 @@ class Ranks:
         """' for rank R (local rank L of N on this host, node K)'; '' for a one-process run."""
         if self.world_size <= 1 and self.local_world_size <= 1 and self.global_rank == 0:
             return ""
-        return (f" for rank {self.global_rank} (local rank {self.local_rank} of {self.local_world_size} on this host, "
-                f"node {self.node_rank})")
+        return (
+            f" for rank {self.global_rank} (local rank {self.local_rank} of {self.local_world_size} on this host, "
+            f"node {self.node_rank})"
+        )
 
 
 def read_ranks(devices: int = 1, num_nodes: int = 1, environ: Mapping[str, str] | None = None) -> Ranks:
@@ -104,8 +106,14 @@ def _int(env: Mapping[str, str], key: str, default: int = 0) -> int:
 def _torchelastic(env, devices, num_nodes) -> Ranks:
     # torch.distributed.is_torchelastic_launched(): TORCHELASTIC_RUN_ID is set.
     world = _int(env, "WORLD_SIZE", devices * num_nodes)
-    return Ranks(_int(env, "RANK"), _int(env, "LOCAL_RANK"), _int(env, "GROUP_RANK"), world,
-                 _int(env, "LOCAL_WORLD_SIZE", devices), "torchelastic")
+    return Ranks(
+        _int(env, "RANK"),
+        _int(env, "LOCAL_RANK"),
+        _int(env, "GROUP_RANK"),
+        world,
+        _int(env, "LOCAL_WORLD_SIZE", devices),
+        "torchelastic",
+    )
 
 
 def _slurm_detected(env) -> bool:
@@ -119,8 +127,9 @@ def _slurm(env, devices, num_nodes) -> Ranks:
     per_node = re.match(r"\d+", str(env.get("SLURM_NTASKS_PER_NODE", "")))
     nodes = _int(env, "SLURM_NNODES", 1) or 1
     local_world = int(per_node.group()) if per_node else max(1, world // nodes)
-    return Ranks(_int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"), _int(env, "SLURM_NODEID"), world,
-                 local_world, "slurm")
+    return Ranks(
+        _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"), _int(env, "SLURM_NODEID"), world, local_world, "slurm"
+    )
 
 
 _LSF_VARIABLES = {"LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"}
@@ -137,8 +146,14 @@ def _lsf(env, devices, num_nodes) -> Ranks:
     order = list(dict.fromkeys(hosts))
     node = order.index(here) if here in order else 0
     local_world = hosts.count(here) or devices
-    return Ranks(_int(env, "JSM_NAMESPACE_RANK"), _int(env, "JSM_NAMESPACE_LOCAL_RANK"), node,
-                 _int(env, "JSM_NAMESPACE_SIZE", 1), local_world, "lsf")
+    return Ranks(
+        _int(env, "JSM_NAMESPACE_RANK"),
+        _int(env, "JSM_NAMESPACE_LOCAL_RANK"),
+        node,
+        _int(env, "JSM_NAMESPACE_SIZE", 1),
+        local_world,
+        "lsf",
+    )
 
 
 def _mpi_detected(env) -> bool:
@@ -153,8 +168,9 @@ def _mpi(env, devices, num_nodes) -> Ranks:
     rank = _int(env, "OMPI_COMM_WORLD_RANK", _int(env, "PMI_RANK"))
     local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", _int(env, "MPI_LOCALRANKID"))
     local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", _int(env, "MPI_LOCALNRANKS", devices))
-    return Ranks(rank, local, _int(env, "OMPI_COMM_WORLD_NODE_RANK", rank // max(1, local_world)), world,
-                 local_world, "mpi")
+    return Ranks(
+        rank, local, _int(env, "OMPI_COMM_WORLD_NODE_RANK", rank // max(1, local_world)), world, local_world, "mpi"
+    )
 
 
 def _lightning(env, devices, num_nodes) -> Ranks:

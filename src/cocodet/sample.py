@@ -29,22 +29,51 @@ class SampleKey(NamedTuple):
         except TypeError:  # not a sequence: a bare index
             return cls(0, int(key))
 
+
 # One sample, as DetectionDataset, mode=predict and the bench's producers build it and the
 # FlatBatch collate reads it: the letterboxed or augmented HWC uint8 image, its xyxy boxes and
 # labels, the sampler's (epoch, index) key, the image id, (orig_h, orig_w, scale_y, scale_x) to map boxes
 # back, read/decode/augment seconds, the padded share of the image, the decodes it took and
 # the records of bad samples replaced while building it.
-SAMPLE_FIELDS = ("image", "boxes", "labels", "key", "image_id", "to_original", "stage_seconds", "pad_share",
-                 "decodes", "skipped")
+SAMPLE_FIELDS = (
+    "image",
+    "boxes",
+    "labels",
+    "key",
+    "image_id",
+    "to_original",
+    "stage_seconds",
+    "pad_share",
+    "decodes",
+    "skipped",
+)
 
 
-def make_sample(image: np.ndarray, boxes: np.ndarray, labels: np.ndarray, key: tuple[int, int], image_id: int,
-                to_original: np.ndarray, stage_seconds: np.ndarray, pad_share: float = 0.0, decodes: int = 0,
-                skipped: list[dict] | None = None) -> dict[str, Any]:
+def make_sample(
+    image: np.ndarray,
+    boxes: np.ndarray,
+    labels: np.ndarray,
+    key: tuple[int, int],
+    image_id: int,
+    to_original: np.ndarray,
+    stage_seconds: np.ndarray,
+    pad_share: float = 0.0,
+    decodes: int = 0,
+    skipped: list[dict] | None = None,
+) -> dict[str, Any]:
     """A sample dict with every field of :data:`SAMPLE_FIELDS` (the one place that spells them)."""
-    return {"image": image, "boxes": boxes, "labels": labels, "key": key, "image_id": image_id,
-            "to_original": to_original, "stage_seconds": stage_seconds, "pad_share": pad_share,
-            "decodes": decodes, "skipped": skipped if skipped is not None else []}
+    return {
+        "image": image,
+        "boxes": boxes,
+        "labels": labels,
+        "key": key,
+        "image_id": image_id,
+        "to_original": to_original,
+        "stage_seconds": stage_seconds,
+        "pad_share": pad_share,
+        "decodes": decodes,
+        "skipped": skipped if skipped is not None else [],
+    }
 
 
 class BatchKeys(list):

@@ -34,8 +34,20 @@ COLOUR_MODES = ("matrix", "hsv")  # mosaic's colour jitter (transforms/colour.py
 # layout's own keys and rules are its entry's in the layout table (datasets/layouts.py). A key
 # outside these is refused in every mode, so a typo cannot pass mode=plan and end another mode in
 # a TypeError (tests/test_config.py keeps them equal to the constructors' signatures).
-DATASET_KEYS = ("_target_", "root", "image_size", "keep_empty", "on_bad_sample", "verify", "cache_dir", "cache",
-                "max_image_pixels", "storage_options", "remote", "layout")
+DATASET_KEYS = (
+    "_target_",
+    "root",
+    "image_size",
+    "keep_empty",
+    "on_bad_sample",
+    "verify",
+    "cache_dir",
+    "cache",
+    "max_image_pixels",
+    "storage_options",
+    "remote",
+    "layout",
+)
 
 
 @dataclass(frozen=True)
@@ -55,12 +67,14 @@ class Rule:
 def _int(lo: int | None = None) -> Callable[[Any], bool]:
     def check(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo)
+
     return check
 
 
 def _number(lo: float, hi: float | None = None) -> Callable[[Any], bool]:
     def check(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+
     return check
 
 
@@ -83,7 +97,8 @@ def _sides(v: Any) -> bool:
 def _one_of(options: tuple) -> tuple[Callable[[Any], bool], str]:
     words = [str(o).lower() if isinstance(o, bool) else str(o) for o in options]
     return (lambda v: any(v == o and type(v) is type(o) for o in options)), (
-        ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0])
+        ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+    )
 
 
 def _choice(key: str, options: tuple, optional_means: str | None = None) -> Rule:
@@ -101,14 +116,20 @@ RULES = (
     Rule("dataset.remote.timeout_s", _number(0.1), "seconds > 0 (the longest wait for one request to the store)"),
     Rule("dataset.remote.retries", _int(0), "an integer >= 0 (retries of a failed request, at least)"),
     Rule("dataset.remote.give_up_s", _number(0.0), "seconds >= 0 (how long a failing request is retried, at least)"),
-    Rule("dataset.remote.cache_bytes", lambda v: v == "auto" or _int(0)(v),
-         "auto (half the free disk where the copies go, at most 4 GiB) or bytes >= 0 (the read-ahead's budget; "
-         "0: no read-ahead)"),
+    Rule(
+        "dataset.remote.cache_bytes",
+        lambda v: v == "auto" or _int(0)(v),
+        "auto (half the free disk where the copies go, at most 4 GiB) or bytes >= 0 (the read-ahead's budget; "
+        "0: no read-ahead)",
+    ),
     Rule("dataset.remote.concurrency", _int(1), "an integer >= 1 (GETs in flight)"),
     Rule("dataset.image_size", _int(32), "an integer >= 32 (pixels of the letterboxed side)"),
     _choice("dataset.on_bad_sample", ON_BAD_SAMPLE),
-    _choice("dataset.keep_empty", (True, False, "reference"),
-            "for the recipe's default (true; reference with augment=hflip|multiscale|lsj)"),
+    _choice(
+        "dataset.keep_empty",
+        (True, False, "reference"),
+        "for the recipe's default (true; reference with augment=hflip|multiscale|lsj)",
+    ),
     _choice("dataset.cache", CACHE_MODES),
     Rule("dataset.max_image_pixels", _int(1), "an integer >= 1 (pixels of the largest image read)"),
     _choice("loader.policy", LOADER_POLICIES),
@@ -121,21 +142,31 @@ RULES = (
     Rule("loader.timeout", _number(0.0), "seconds >= 0 (0: no timeout)"),
     Rule("loader.part_images", _int(1), "an integer >= 1, or null to ship whole batches when they fit", optional=True),
     _choice("loader.pin_memory", ("auto", True, False)),
-    Rule("loader.group_aspect_ratio", lambda v: v == "preset" or _int(1)(v),
-         "an integer >= 1 (the reference's group factor k: 2k+2 bins), preset (3 with a reference preset), "
-         "or null (not grouped)", optional=True),
+    Rule(
+        "loader.group_aspect_ratio",
+        lambda v: v == "preset" or _int(1)(v),
+        "an integer >= 1 (the reference's group factor k: 2k+2 bins), preset (3 with a reference preset), "
+        "or null (not grouped)",
+        optional=True,
+    ),
     Rule("loader.worker_footprint_mb", _int(1), "an integer >= 1 (MiB), or null for the estimate", optional=True),
     _choice("eval.split", EVAL_SPLITS),
     Rule("predict.score_threshold", _number(0.0, 1.0), "a score in [0, 1]"),
     _choice("predict.draw", _BOOL),
     _choice("export.format", EXPORT_FORMATS),
     Rule("export.opset", _int(9), "an ONNX opset >= 9"),
-    Rule("checkpoint.every_n_steps", lambda v: v == "auto" or _int(0)(v),
-         "auto (500 on several nodes or under torchrun restarts, else 0) or an integer >= 0 (0: checkpoints at epoch "
-         "ends and on SIGTERM only)"),
+    Rule(
+        "checkpoint.every_n_steps",
+        lambda v: v == "auto" or _int(0)(v),
+        "auto (500 on several nodes or under torchrun restarts, else 0) or an integer >= 0 (0: checkpoints at epoch "
+        "ends and on SIGTERM only)",
+    ),
     _choice("weights_only", _BOOL),
-    Rule("optimized_metric", lambda v: isinstance(v, str) and v.isidentifier(),
-         "auto (map50 for mode=train and eval, examples_per_s for bench) or a numeric top-level summary key"),
+    Rule(
+        "optimized_metric",
+        lambda v: isinstance(v, str) and v.isidentifier(),
+        "auto (map50 for mode=train and eval, examples_per_s for bench) or a numeric top-level summary key",
+    ),
     _choice("optimized_direction", ("auto", "maximize", "minimize")),
     Rule("bench.batches", _int(1), "an integer >= 1, or null for whole epochs", optional=True),
     Rule("bench.warmup", _int(0), "an integer >= 0"),
@@ -147,17 +178,28 @@ RULES = (
     Rule("model.optimizer.lr", _number(1e-12), "a learning rate > 0"),
     Rule("model.eval_max_images", _int(1), "an integer >= 1, or null for every val image", optional=True),
     _choice("model.eval_backend", EVAL_BACKENDS),
-    Rule("model.health.max_nonfinite_steps", _int(1), "an integer >= 1 (non-finite steps in a row before the run stops)"),
+    Rule(
+        "model.health.max_nonfinite_steps", _int(1), "an integer >= 1 (non-finite steps in a row before the run stops)"
+    ),
     Rule("model.health.flat_steps", _int(2), "an integer >= 2 (steps a loss term may stay at one value)"),
     _choice("model.health.on_collapse", ON_COLLAPSE),
     Rule("model.ema.decay", _number(0.0, 0.999999), "a decay in [0, 1), or null for no EMA weights", optional=True),
     Rule("augment.flip_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
     Rule("augment.mosaic_p", _number(0.0, 1.0), "a probability in [0, 1]", optional=True),
-    Rule("augment.partner_pool", _int(2), "an integer >= 2, or null for partners from the whole dataset",
-         optional=True),
-    _choice("augment.partners", PARTNERS, optional_means="(decided by augment.partner_pool: an integer means pools, null the whole dataset)"),
-    Rule("augment.partner_window", _int(2), "an integer >= 2 (positions of the epoch order partners come from)",
-         optional=True),
+    Rule(
+        "augment.partner_pool", _int(2), "an integer >= 2, or null for partners from the whole dataset", optional=True
+    ),
+    _choice(
+        "augment.partners",
+        PARTNERS,
+        optional_means="(decided by augment.partner_pool: an integer means pools, null the whole dataset)",
+    ),
+    Rule(
+        "augment.partner_window",
+        _int(2),
+        "an integer >= 2 (positions of the epoch order partners come from)",
+        optional=True,
+    ),
     _choice("augment.colour", COLOUR_MODES),
     Rule("augment.hue_deg", _number(0.0, 180.0), "degrees in [0, 180] (the largest hue rotation either way)"),
     Rule("augment.saturation", _gains, "[low, high] gains with 0 <= low <= high (1: unchanged)"),

@@ -16,8 +16,9 @@ def write_summary(run_dir: Path, summary: dict) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").write_text(text + "\n")
     except OSError as e:  # a full or read-only disk: stdout still gets it
-        logging.getLogger(__name__).warning("summary.json not written in %s (%s); it follows on stdout", run_dir,
-                                            e.strerror or e)
+        logging.getLogger(__name__).warning(
+            "summary.json not written in %s (%s); it follows on stdout", run_dir, e.strerror or e
+        )
     sys.stdout.flush()
     sys.stdout.write(text + "\n")
     sys.stdout.flush()

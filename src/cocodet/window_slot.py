@@ -9,8 +9,18 @@ from __future__ import annotations
 import numpy as np
 
 # A slot's header, read and written by the cache: 64 bytes.
-SLOT_HEADER = np.dtype([("gen", "<i8"), ("index", "<i8"), ("size", "<i8"), ("h", "<i8"), ("w", "<i8"),
-                        ("orig_h", "<i8"), ("orig_w", "<i8"), ("scale", "<f8")])
+SLOT_HEADER = np.dtype(
+    [
+        ("gen", "<i8"),
+        ("index", "<i8"),
+        ("size", "<i8"),
+        ("h", "<i8"),
+        ("w", "<i8"),
+        ("orig_h", "<i8"),
+        ("orig_w", "<i8"),
+        ("scale", "<f8"),
+    ]
+)
 
 
 def slot_pixels(side: int) -> int:

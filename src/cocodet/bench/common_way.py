@@ -17,10 +17,10 @@ import torch
 import torch.utils.data
 from PIL import Image
 
-from cocodet.transforms.recipe import Recipe
 from cocodet.datasets.index import CocoIndex
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS, check_header
 from cocodet.storage.store import read_bytes
+from cocodet.transforms.recipe import Recipe
 
 
 class CommonWayDataset(torch.utils.data.Dataset):
@@ -45,8 +45,11 @@ class CommonWayDataset(torch.utils.data.Dataset):
         partners = [self._raw(int(rng.integers(len(self.index)))) for _ in range(self.recipe.partners(rng))]
         out = self.recipe(self._raw(i), rng, partners)
         image = torch.from_numpy(np.ascontiguousarray(out.image)).permute(2, 0, 1).float().div(255.0)
-        target = {"boxes": torch.from_numpy(out.boxes), "labels": torch.from_numpy(out.labels),
-                  "image_id": torch.tensor(int(self.index.image_ids[i]))}
+        target = {
+            "boxes": torch.from_numpy(out.boxes),
+            "labels": torch.from_numpy(out.labels),
+            "image_id": torch.tensor(int(self.index.image_ids[i])),
+        }
         return image, target
 
 
@@ -54,9 +57,21 @@ def list_collate(batch):
     return tuple(zip(*batch))
 
 
-def common_way_loader(index: CocoIndex, recipe: Recipe, batch_size: int, num_workers: int,
-                      seed: int = 0, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> torch.utils.data.DataLoader:
+def common_way_loader(
+    index: CocoIndex,
+    recipe: Recipe,
+    batch_size: int,
+    num_workers: int,
+    seed: int = 0,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> torch.utils.data.DataLoader:
     kwargs = dict(persistent_workers=True, prefetch_factor=2) if num_workers else {}
-    return torch.utils.data.DataLoader(CommonWayDataset(index, recipe, seed, max_pixels), batch_size=batch_size, shuffle=True,
-                                       num_workers=num_workers, collate_fn=list_collate,
-                                       generator=torch.Generator().manual_seed(seed), **kwargs)
+    return torch.utils.data.DataLoader(
+        CommonWayDataset(index, recipe, seed, max_pixels),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=num_workers,
+        collate_fn=list_collate,
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )

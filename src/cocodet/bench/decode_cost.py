@@ -47,6 +47,8 @@ def decode_bounds(decode_ms: float, cpus: int, decodes_per_sample: float) -> dic
     """Samples/s that full-resolution JPEG decoding alone allows on ``cpus`` cores: at the
     decodes per sample measured (None when nothing was decoded: a pixel cache), and for a
     naive 4-decode mosaic whatever the loader does (the reference the speed issues use)."""
-    return {"decode_ms_per_image": round(decode_ms, 3),
-            "decode_bound": round(cpus * 1000.0 / (decode_ms * decodes_per_sample), 1) if decodes_per_sample else None,
-            "decode_bound_4": round(cpus * 1000.0 / (decode_ms * 4), 1)}
+    return {
+        "decode_ms_per_image": round(decode_ms, 3),
+        "decode_bound": round(cpus * 1000.0 / (decode_ms * decodes_per_sample), 1) if decodes_per_sample else None,
+        "decode_bound_4": round(cpus * 1000.0 / (decode_ms * 4), 1),
+    }

@@ -56,9 +56,15 @@ class PeakSampler:
         self._thread.join()
 
 
-def measure(loader: Iterable, consume: Callable[[object], None], count: Callable[[object], int],
-            max_batches: int | None = None, on_batch: Callable[[object], None] | None = None,
-            sync_cuda: bool = False, into: Measurement | None = None) -> Measurement:
+def measure(
+    loader: Iterable,
+    consume: Callable[[object], None],
+    count: Callable[[object], int],
+    max_batches: int | None = None,
+    on_batch: Callable[[object], None] | None = None,
+    sync_cuda: bool = False,
+    into: Measurement | None = None,
+) -> Measurement:
     """Iterate ``loader`` once (or for ``max_batches``), timing wait and work of every batch.
 
     The first batch's wait includes iterator start-up (worker launch or wake-up) and is

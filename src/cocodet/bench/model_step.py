@@ -21,6 +21,7 @@ def model_step(module, device: torch.device, precision: str) -> Callable:
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     autocast = device.type == "cuda" and dtype is not None
     scaler = torch.amp.GradScaler("cuda", enabled=autocast and dtype == torch.float16)
+
     def step(batch: FlatBatch) -> None:
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=autocast):
             loss = sum(module.model(*restore(batch)).values())

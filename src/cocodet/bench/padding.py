@@ -10,8 +10,9 @@ from cocodet.transforms.model_resize import resized_hw
 from cocodet.transforms.reference_presets import MultiScale
 
 
-def sample_sizes(preset: str, sizes: np.ndarray, epoch: int, seed: int = 0,
-                 model_sizes: tuple[int, int] = (800, 1333)) -> np.ndarray:
+def sample_sizes(
+    preset: str, sizes: np.ndarray, epoch: int, seed: int = 0, model_sizes: tuple[int, int] = (800, 1333)
+) -> np.ndarray:
     """[N, 2] each sample's (h, w) as the loader makes it in ``epoch``: the model's resize
     (``hflip``), or the shorter side each sample draws first (``multiscale``, its defaults)."""
     if preset == "hflip":
@@ -19,8 +20,9 @@ def sample_sizes(preset: str, sizes: np.ndarray, epoch: int, seed: int = 0,
     if preset != "multiscale":
         raise ValueError(f"sizes of {preset!r} depend on more than the stored size; use hflip or multiscale")
     recipe = MultiScale(0, model_sizes)
-    return np.array([recipe.draw_hw(int(h), int(w), np.random.default_rng((seed, epoch, i)))
-                     for i, (h, w) in enumerate(sizes)])
+    return np.array(
+        [recipe.draw_hw(int(h), int(w), np.random.default_rng((seed, epoch, i))) for i, (h, w) in enumerate(sizes)]
+    )
 
 
 def pad_share(batches: list, hw: np.ndarray) -> float:

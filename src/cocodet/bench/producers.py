@@ -37,9 +37,15 @@ class CostDataset(torch.utils.data.Dataset):
         rng = np.random.default_rng((epoch, i))
         s = self.image_size
         boxes = rng.uniform(0, s / 2, size=(2, 4)).astype(np.float32) + np.float32([0, 0, s / 2, s / 2])
-        return make_sample(np.full((s, s, 3), i % 251, dtype=np.uint8), boxes, np.array([1, 2], dtype=np.int64),
-                           (epoch, i), i, np.array([s, s, 1.0, 1.0], dtype=np.float32),
-                           stage_seconds=np.array([0.0, 0.0, time.perf_counter() - t0, 0.0]))
+        return make_sample(
+            np.full((s, s, 3), i % 251, dtype=np.uint8),
+            boxes,
+            np.array([1, 2], dtype=np.int64),
+            (epoch, i),
+            i,
+            np.array([s, s, 1.0, 1.0], dtype=np.float32),
+            stage_seconds=np.array([0.0, 0.0, time.perf_counter() - t0, 0.0]),
+        )
 
 
 def make_consumer(kind: str, work_ms: float, spin_iters_per_ms: int, train_step=None):

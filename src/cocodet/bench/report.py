@@ -7,9 +7,23 @@ from pathlib import Path
 
 import yaml
 
-COLUMNS = ["num_workers", "prefetch_factor", "batch_size", "examples_per_s", "wait_mean_ms", "wait_p50_ms",
-           "wait_p95_ms", "wait_max_ms", "work_mean_ms", "wait_fraction", "first_batch_s", "peak_rss_mb",
-           "peak_shm_mb", "decode_bound", "batches"]
+COLUMNS = [
+    "num_workers",
+    "prefetch_factor",
+    "batch_size",
+    "examples_per_s",
+    "wait_mean_ms",
+    "wait_p50_ms",
+    "wait_p95_ms",
+    "wait_max_ms",
+    "work_mean_ms",
+    "wait_fraction",
+    "first_batch_s",
+    "peak_rss_mb",
+    "peak_shm_mb",
+    "decode_bound",
+    "batches",
+]
 
 
 def load_sweep(sweep_dir: str | Path) -> list[dict]:
@@ -22,7 +36,9 @@ def load_sweep(sweep_dir: str | Path) -> list[dict]:
         row["job"] = summary.parent.name
         rows.append(row)
     if not rows:
-        raise FileNotFoundError(f"no */summary.json under {sweep_dir}: is it a `python train.py -m mode=bench ...` sweep dir?")
+        raise FileNotFoundError(
+            f"no */summary.json under {sweep_dir}: is it a `python train.py -m mode=bench ...` sweep dir?"
+        )
     # Keep only the overrides that differ between jobs: the rest is the sweep's constant setting.
     common = set.intersection(*(set(r["overrides"].split()) for r in rows))
     for r in rows:
@@ -62,9 +78,18 @@ def plot(rows: list[dict], out_png: str | Path) -> Path:
         rs = sorted(rs, key=lambda r: r["num_workers"])
         x = [r["num_workers"] for r in rs]
         ax1.plot(x, [r["examples_per_s"] for r in rs], marker="o", label=key)
-        line, = ax2.plot(x, [r["wait_p50_ms"] for r in rs], marker="o", label=f"wait p50 {key}")
-        ax2.plot(x, [r["wait_p95_ms"] for r in rs], marker="^", linestyle="--", color=line.get_color(), label=f"wait p95 {key}")
-        ax2.plot(x, [r["work_mean_ms"] for r in rs], marker="s", linestyle=":", color=line.get_color(), label=f"work {key}")
+        (line,) = ax2.plot(x, [r["wait_p50_ms"] for r in rs], marker="o", label=f"wait p50 {key}")
+        ax2.plot(
+            x,
+            [r["wait_p95_ms"] for r in rs],
+            marker="^",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"wait p95 {key}",
+        )
+        ax2.plot(
+            x, [r["work_mean_ms"] for r in rs], marker="s", linestyle=":", color=line.get_color(), label=f"work {key}"
+        )
     ax1.set(xlabel="num_workers", ylabel="examples/s (the verdict)", title="Throughput")
     ax2.set(xlabel="num_workers", ylabel="ms per batch", title="Wait (p50, p95) and work")
     ax1.grid(alpha=0.3)

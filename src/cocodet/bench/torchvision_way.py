@@ -32,7 +32,9 @@ class ReferenceGroupedBatchSampler(torch.utils.data.Sampler):
         return len(self.groups) // self.batch_size
 
     def __iter__(self):
-        order = torch.randperm(len(self.groups), generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        order = torch.randperm(
+            len(self.groups), generator=torch.Generator().manual_seed(self.seed + self.epoch)
+        ).tolist()
         self.epoch += 1
         buffers: dict[int, list[int]] = {}
         members: dict[int, list[int]] = {}
@@ -56,24 +58,38 @@ def list_collate(batch):
     return tuple(zip(*batch))
 
 
-def torchvision_multiscale_loader(root: Path, image_ids: list[int], groups: np.ndarray, batch_size: int,
-                                  num_workers: int, seed: int = 0) -> torch.utils.data.DataLoader:
+def torchvision_multiscale_loader(
+    root: Path, image_ids: list[int], groups: np.ndarray, batch_size: int, num_workers: int, seed: int = 0
+) -> torch.utils.data.DataLoader:
     """The loader over the train split's ``image_ids`` (the same images as cocodet's index, in
     its order), batches grouped by ``groups`` (each image's bin)."""
     from torchvision import datasets, tv_tensors
     from torchvision.transforms import v2
 
-    transforms = v2.Compose([
-        v2.RandomShortestSize(min_size=list(range(480, 801, 32)), max_size=1333),
-        v2.RandomHorizontalFlip(0.5),
-        v2.ToImage(), v2.ToDtype(torch.float, scale=True),
-        v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY), v2.SanitizeBoundingBoxes(), v2.ToPureTensor(),
-    ])
-    dataset = datasets.CocoDetection(str(Path(root) / "train2017"),
-                                     str(Path(root) / "annotations" / "instances_train2017.json"), transforms=transforms)
+    transforms = v2.Compose(
+        [
+            v2.RandomShortestSize(min_size=list(range(480, 801, 32)), max_size=1333),
+            v2.RandomHorizontalFlip(0.5),
+            v2.ToImage(),
+            v2.ToDtype(torch.float, scale=True),
+            v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
+            v2.SanitizeBoundingBoxes(),
+            v2.ToPureTensor(),
+        ]
+    )
+    dataset = datasets.CocoDetection(
+        str(Path(root) / "train2017"),
+        str(Path(root) / "annotations" / "instances_train2017.json"),
+        transforms=transforms,
+    )
     dataset = datasets.wrap_dataset_for_transforms_v2(dataset, target_keys=("boxes", "labels", "image_id"))
     position = {image_id: k for k, image_id in enumerate(dataset.ids)}
     subset = torch.utils.data.Subset(dataset, [position[i] for i in image_ids])
     kwargs = dict(persistent_workers=True, prefetch_factor=2) if num_workers else {}
-    return torch.utils.data.DataLoader(subset, batch_sampler=ReferenceGroupedBatchSampler(groups, batch_size, seed),
-                                       num_workers=num_workers, collate_fn=list_collate, **kwargs)
+    return torch.utils.data.DataLoader(
+        subset,
+        batch_sampler=ReferenceGroupedBatchSampler(groups, batch_size, seed),
+        num_workers=num_workers,
+        collate_fn=list_collate,
+        **kwargs,
+    )

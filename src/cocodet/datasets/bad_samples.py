@@ -15,8 +15,14 @@ JSONL_NAME = "bad_samples.jsonl"
 def skip_record(error: BadSampleError, epoch: int, index: int, role: str) -> dict:
     """The plain record of one replaced image (``role``: sample, replacement (a bad
     image drawn in place of a bad sample) or mosaic_partner)."""
-    return {"epoch": epoch, "index": index, "image_id": error.image_id, "file": error.path, "reason": error.reason,
-            "role": role}
+    return {
+        "epoch": epoch,
+        "index": index,
+        "image_id": error.image_id,
+        "file": error.path,
+        "reason": error.reason,
+        "role": role,
+    }
 
 
 def append_records(run_dir: Path | None, stage: str, records) -> None:
@@ -64,7 +70,12 @@ class BadSampleLedger:
             epochs = sorted(e for s, e in self.seen if s == stage)
             if epochs:
                 last = epochs[-1]
-                out[stage] = {"epoch": last, "images": self.split_sizes.get(stage), "seen": self.seen[(stage, last)],
-                              "skipped": self.skipped[(stage, last)], "excluded_by_verify": self.excluded[stage],
-                              "skipped_all_epochs": sum(n for (s, _), n in self.skipped.items() if s == stage)}
+                out[stage] = {
+                    "epoch": last,
+                    "images": self.split_sizes.get(stage),
+                    "seen": self.seen[(stage, last)],
+                    "skipped": self.skipped[(stage, last)],
+                    "excluded_by_verify": self.excluded[stage],
+                    "skipped_all_epochs": sum(n for (s, _), n in self.skipped.items() if s == stage),
+                }
         return out

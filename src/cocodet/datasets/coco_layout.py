@@ -20,16 +20,20 @@ def read_splits(source: Source) -> Splits:
     dataset first when ``synthetic`` is given; refuses a missing root."""
     root, cache_dir, synthetic = source.root, source.cache_dir, source.get("synthetic")
     if synthetic and is_remote(root):
-        raise DatasetConfigError(f"dataset.synthetic writes a generated dataset to a local folder, not to "
-                                 f"dataset.root={root}; use dataset=coco for a bucket, or a local dataset.root")
+        raise DatasetConfigError(
+            f"dataset.synthetic writes a generated dataset to a local folder, not to "
+            f"dataset.root={root}; use dataset=coco for a bucket, or a local dataset.root"
+        )
     if synthetic:
         from cocodet.datasets.synthetic import ensure_synthetic
 
         ensure_synthetic(Path(root), **synthetic)
     elif not is_dir(root):
         where = "no object under that prefix" if is_remote(root) else f"resolved to {Path(root).resolve()}"
-        raise DatasetConfigError(f"dataset.root={root} not found ({where}); point "
-                                 "dataset.root at a folder holding the split folders and annotations/")
+        raise DatasetConfigError(
+            f"dataset.root={root} not found ({where}); point "
+            "dataset.root at a folder holding the split folders and annotations/"
+        )
     train_images, train_ann = source.get("train_images"), annotation_file(root, source.get("train_ann"), cache_dir)
     train = cached_index(join(root, train_images), train_ann, source.keep_empty, cache_dir)
     val_ann = annotation_file(root, source.get("val_ann"), cache_dir)
@@ -48,6 +52,7 @@ def annotation_file(root: str, ann: str, cache_dir: str | None) -> Path:
         try:
             _local_copies[url, cache_dir] = local_copy(url, cache_dir)
         except FileNotFoundError:
-            raise DatasetConfigError(f"annotation file not found: {url} (set dataset.root / "
-                                     "dataset.{train,val}_ann)") from None
+            raise DatasetConfigError(
+                f"annotation file not found: {url} (set dataset.root / dataset.{{train,val}}_ann)"
+            ) from None
     return _local_copies[url, cache_dir]

@@ -22,8 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-from cocodet.storage.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
 from cocodet.datasets.index import CocoIndex, build_index
+from cocodet.storage.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
 from cocodet.storage.store import is_dir, is_remote
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,20 @@ def index_key(image_root: str | Path, ann_file: Path, keep_empty: bool) -> str:
     with open(ann_file, "rb") as f:
         for block in iter(lambda: f.read(16 << 20), b""):
             content.update(block)
-    parts = [str(INDEX_FORMAT), str(st.st_size), str(st.st_mtime_ns), content.hexdigest(),
-             str(image_root) if is_remote(image_root) else os.path.realpath(image_root), str(keep_empty if keep_empty == "reference" else bool(keep_empty))]
+    parts = [
+        str(INDEX_FORMAT),
+        str(st.st_size),
+        str(st.st_mtime_ns),
+        content.hexdigest(),
+        str(image_root) if is_remote(image_root) else os.path.realpath(image_root),
+        str(keep_empty if keep_empty == "reference" else bool(keep_empty)),
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
-def cached_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, keep_empty: bool,
-                 cache_dir: str | os.PathLike | None) -> CocoIndex:
+def cached_index(
+    image_root: str | os.PathLike, ann_file: str | os.PathLike, keep_empty: bool, cache_dir: str | os.PathLike | None
+) -> CocoIndex:
     """The index of ``ann_file``: from ``cache_dir`` when built before (and valid), else built
     and stored there.
 
@@ -61,8 +68,14 @@ def cached_index(image_root: str | os.PathLike, ann_file: str | os.PathLike, kee
     return through_cache(cache_dir, f"index-{ann_file.stem}-{key}", key, build, str(ann_file))
 
 
-def through_cache(cache_dir: str | os.PathLike, name: str, key: str, build: Callable[[], CocoIndex], what: str,
-                  extra: Callable[[CocoIndex, Path], dict[str, str]] | None = None) -> CocoIndex:
+def through_cache(
+    cache_dir: str | os.PathLike,
+    name: str,
+    key: str,
+    build: Callable[[], CocoIndex],
+    what: str,
+    extra: Callable[[CocoIndex, Path], dict[str, str]] | None = None,
+) -> CocoIndex:
     """The index cached as ``<cache_dir>/<name>``: read when valid, else ``build()``-t and stored
     (one build among concurrent ranks: ``storage/cache_files.py``). ``extra(index, tmp)`` writes more
     files beside the arrays and returns {index field: file name} to point at them (the YOLO
@@ -81,8 +94,13 @@ def through_cache(cache_dir: str | os.PathLike, name: str, key: str, build: Call
         ensure_folder(cache)
         build_once(folder, build_into, {"format": INDEX_FORMAT, "key": key})
     except CacheUnwritable as e:
-        log.warning("dataset.cache_dir=%s: %s; indexing %s without a cache (every start reads it again). "
-                    "Point dataset.cache_dir at a writable folder to keep the index", cache_dir, e.strerror, what)
+        log.warning(
+            "dataset.cache_dir=%s: %s; indexing %s without a cache (every start reads it again). "
+            "Point dataset.cache_dir at a writable folder to keep the index",
+            cache_dir,
+            e.strerror,
+            what,
+        )
         return build()
     if not built:
         log.info("read the cached index of %s from %s", what, folder)
@@ -95,12 +113,18 @@ def _write(index: CocoIndex, tmp: Path, key: str, folder: Path, extra) -> dict:
     fields = {"ann_file": index.ann_file}
     if extra is not None:  # files written beside the arrays, named by where they will be
         fields.update({field: str(folder / file) for field, file in extra(index, tmp).items()})
-    return {"category_names": index.category_names, "ann_file": fields["ann_file"], "dropped": index.dropped,
-            "format": INDEX_FORMAT, "key": key}
+    return {
+        "category_names": index.category_names,
+        "ann_file": fields["ann_file"],
+        "dropped": index.dropped,
+        "format": INDEX_FORMAT,
+        "key": key,
+    }
 
 
 def _read(folder: Path) -> CocoIndex:
     meta = json.loads((folder / "meta.json").read_text())
     arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in ARRAYS}
-    return CocoIndex(**arrays, category_names=meta["category_names"], ann_file=meta["ann_file"],
-                     dropped=meta["dropped"])
+    return CocoIndex(
+        **arrays, category_names=meta["category_names"], ann_file=meta["ann_file"], dropped=meta["dropped"]
+    )

@@ -69,16 +69,36 @@ def _names(v: Any) -> bool:
 
 
 LAYOUTS: dict[str, Layout] = {
-    "coco": Layout(("train_images", "train_ann", "val_images", "val_ann", "synthetic"),
-                   "cocodet.datasets.coco_layout:read_splits"),
-    "yolo": Layout(("yaml",), "cocodet.datasets.yolo_index:read_splits",
-                   (Rule("dataset.yaml", _text, "the path of a data.yaml (dataset=yolo), or null for "
-                         "<dataset.root>/data.yaml", optional=True),)),
-    "voc": Layout(("train_list", "val_list", "classes"), "cocodet.datasets.voc:read_splits",
-                  (Rule("dataset.train_list", _text, "a split's id list, relative to dataset.root"),
-                   Rule("dataset.val_list", _text, "a split's id list, relative to dataset.root"),
-                   Rule("dataset.classes", _names, "a list of distinct class names (category id = 1 + position), or "
-                        "null for every <name> of both splits, sorted", optional=True))),
+    "coco": Layout(
+        ("train_images", "train_ann", "val_images", "val_ann", "synthetic"), "cocodet.datasets.coco_layout:read_splits"
+    ),
+    "yolo": Layout(
+        ("yaml",),
+        "cocodet.datasets.yolo_index:read_splits",
+        (
+            Rule(
+                "dataset.yaml",
+                _text,
+                "the path of a data.yaml (dataset=yolo), or null for <dataset.root>/data.yaml",
+                optional=True,
+            ),
+        ),
+    ),
+    "voc": Layout(
+        ("train_list", "val_list", "classes"),
+        "cocodet.datasets.voc:read_splits",
+        (
+            Rule("dataset.train_list", _text, "a split's id list, relative to dataset.root"),
+            Rule("dataset.val_list", _text, "a split's id list, relative to dataset.root"),
+            Rule(
+                "dataset.classes",
+                _names,
+                "a list of distinct class names (category id = 1 + position), or "
+                "null for every <name> of both splits, sorted",
+                optional=True,
+            ),
+        ),
+    ),
 }
 
 
@@ -92,5 +112,7 @@ def layout_rules() -> tuple[Rule, ...]:
     """``dataset.layout`` is a key of the table, and each layout's own rules."""
     names = list(LAYOUTS)
     allowed = ", ".join(names[:-1]) + " or " + names[-1]
-    return (Rule("dataset.layout", lambda v: isinstance(v, str) and v in LAYOUTS, allowed),
-            *(rule for layout in LAYOUTS.values() for rule in layout.rules))
+    return (
+        Rule("dataset.layout", lambda v: isinstance(v, str) and v in LAYOUTS, allowed),
+        *(rule for layout in LAYOUTS.values() for rule in layout.rules),
+    )

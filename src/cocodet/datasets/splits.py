@@ -23,15 +23,25 @@ class SplitLoader:
     keys (another layout's keys are accepted and not read: a layout's config inherits coco.yaml).
     """
 
-    def __init__(self, layout: str = "coco", root: str | None = None, keep_empty: bool | str = True,
-                 on_bad_sample: str = "raise", cache_dir: str | None = None, **layout_options):
+    def __init__(
+        self,
+        layout: str = "coco",
+        root: str | None = None,
+        keep_empty: bool | str = True,
+        on_bad_sample: str = "raise",
+        cache_dir: str | None = None,
+        **layout_options,
+    ):
         if layout not in LAYOUTS:
-            raise DatasetConfigError(f"dataset.layout={layout!r} is not a layout cocodet reads: expected one of "
-                                     f"{', '.join(LAYOUTS)}")
+            raise DatasetConfigError(
+                f"dataset.layout={layout!r} is not a layout cocodet reads: expected one of {', '.join(LAYOUTS)}"
+            )
         unknown = sorted(set(layout_options) - set(layout_keys()))
         if unknown:
-            raise TypeError(f"unknown dataset keys {unknown}: the layouts read {', '.join(layout_keys())} "
-                            f"besides {', '.join(SOURCE_KEYS)}")
+            raise TypeError(
+                f"unknown dataset keys {unknown}: the layouts read {', '.join(layout_keys())} "
+                f"besides {', '.join(SOURCE_KEYS)}"
+            )
         self.layout, self.on_bad_sample = layout, on_bad_sample
         own = {k: v for k, v in layout_options.items() if k in LAYOUTS[layout].keys}
         self.source = Source(None if root is None else str(root), keep_empty, cache_dir, own)
@@ -49,8 +59,10 @@ class SplitLoader:
         splits = LAYOUTS[self.layout].read(self.source)
         train, val = splits.train, splits.val
         if list(train.category_ids) != list(val.category_ids):
-            raise DatasetConfigError(f"train and val category ids differ: {train.category_ids.tolist()} vs "
-                                     f"{val.category_ids.tolist()}; both splits must share one category list")
+            raise DatasetConfigError(
+                f"train and val category ids differ: {train.category_ids.tolist()} vs "
+                f"{val.category_ids.tolist()}; both splits must share one category list"
+            )
         if self.on_bad_sample == "raise":
             _refuse_index_problems(train, f"dataset.layout={self.layout}, train split")
             _refuse_index_problems(val, f"dataset.layout={self.layout}, val split")
@@ -61,7 +73,9 @@ def _refuse_index_problems(index: CocoIndex, split: str) -> None:
     bad = [(int(i), str(p)) for i, p in zip(index.image_ids, index.problems) if p]
     if bad:
         listing = "; ".join(f"image_id={i}: {p}" for i, p in bad[:5])
-        raise DatasetConfigError(f"{split}: {len(bad)} images refused at start (the first {min(5, len(bad))}: "
-                                 f"{listing}). "
-                                 "Fix them (the file names, the annotations), or set dataset.on_bad_sample=skip to "
-                                 "skip them with a record")
+        raise DatasetConfigError(
+            f"{split}: {len(bad)} images refused at start (the first {min(5, len(bad))}: "
+            f"{listing}). "
+            "Fix them (the file names, the annotations), or set dataset.on_bad_sample=skip to "
+            "skip them with a record"
+        )

@@ -90,8 +90,15 @@ def _write_split(root: Path, split: str, n_images: int, rng: np.random.Generator
             if box[2] < 4 or box[3] < 4:
                 continue
             annotations.append(
-                {"id": ann_id, "image_id": image_id, "category_id": category_id, "bbox": box,
-                 "area": box[2] * box[3], "iscrowd": 0, "segmentation": []}
+                {
+                    "id": ann_id,
+                    "image_id": image_id,
+                    "category_id": category_id,
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": 0,
+                    "segmentation": [],
+                }
             )
             ann_id += 1
         file_name = f"{image_id:012d}.jpg"
@@ -99,8 +106,13 @@ def _write_split(root: Path, split: str, n_images: int, rng: np.random.Generator
         images.append({"id": image_id, "file_name": file_name, "height": h, "width": w})
     ann_dir = root / "annotations"
     ann_dir.mkdir(exist_ok=True)
-    coco = {"info": {"description": "cocodet synthetic shapes"}, "licenses": [],
-            "images": images, "annotations": annotations, "categories": CATEGORIES}
+    coco = {
+        "info": {"description": "cocodet synthetic shapes"},
+        "licenses": [],
+        "images": images,
+        "annotations": annotations,
+        "categories": CATEGORIES,
+    }
     (ann_dir / f"instances_{split}.json").write_text(json.dumps(coco))
 
 

@@ -65,14 +65,18 @@ def read_splits(source: Source) -> Splits:
         names = list(classes) if classes else sorted({o[0] for a in read.values() for x in a for o in x.objects} - {""})
         index, truths[split] = _index(root, ids[split], xmls[split], read[split], names, images, keep_empty)
         return index
+
     out = {}
     for split in LISTS:
         keep_empty = source.keep_empty if split == "train" else True
         key = hashlib.sha256(json.dumps([*common, split, str(keep_empty)]).encode()).hexdigest()[:24]
         make = lambda split=split, keep_empty=keep_empty: build(split, keep_empty)  # noqa: E731
         extra = lambda index, tmp, split=split: {"ann_file": write_ground_truth(index, truths[split], tmp)}  # noqa: E731
-        index = (make() if source.cache_dir is None else
-                 through_cache(source.cache_dir, f"index-voc-{split}-{key}", key, make, f"{root} {split}", extra=extra))
+        index = (
+            make()
+            if source.cache_dir is None
+            else through_cache(source.cache_dir, f"index-voc-{split}-{key}", key, make, f"{root} {split}", extra=extra)
+        )
         if not index.ann_file:  # built in memory: its ground truth lives in a folder of this process
             folder = Path(tempfile.mkdtemp(prefix="cocodet-voc-"))
             atexit.register(shutil.rmtree, folder, True)
@@ -83,8 +87,10 @@ def read_splits(source: Source) -> Splits:
 
 def _root(root: str | None) -> str:
     if root is None or not is_dir(root):
-        raise DatasetConfigError(f"dataset.root={root} not found: point it at the VOC folder that holds "
-                                 "Annotations/, ImageSets/Main/ and JPEGImages/ (VOCdevkit/VOC2012)")
+        raise DatasetConfigError(
+            f"dataset.root={root} not found: point it at the VOC folder that holds "
+            "Annotations/, ImageSets/Main/ and JPEGImages/ (VOCdevkit/VOC2012)"
+        )
     root = root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
     missing = [f"{d}/" for d in ("Annotations", "JPEGImages") if not is_dir(join(root, d))]
     if missing:
@@ -99,16 +105,20 @@ def _split_ids(root: str, split: str, listed: str) -> list[str]:
     try:
         text = read_bytes(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise DatasetConfigError(f"dataset.{split}_list={listed}: cannot read {path} ({e}); set it to the split's "
-                                 "id list, relative to dataset.root (ImageSets/Main/{train,val}.txt)") from None
+        raise DatasetConfigError(
+            f"dataset.{split}_list={listed}: cannot read {path} ({e}); set it to the split's "
+            "id list, relative to dataset.root (ImageSets/Main/{train,val}.txt)"
+        ) from None
     ids = [line.split()[0] for line in text.splitlines() if line.strip()]
     repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
     odd = [i for i in ids if "/" in i or "\\" in i or i in (".", "..")]
     if not ids or repeated or odd:
-        why = ("names no id" if not ids else f"repeats ids {repeated[:5]}" if repeated else
-               f"has ids with paths {odd[:5]}")
-        raise DatasetConfigError(f"{path} (dataset.{split}_list) {why}: list each image's id (its "
-                                 "Annotations/<id>.xml) once per line")
+        why = (
+            "names no id" if not ids else f"repeats ids {repeated[:5]}" if repeated else f"has ids with paths {odd[:5]}"
+        )
+        raise DatasetConfigError(
+            f"{path} (dataset.{split}_list) {why}: list each image's id (its Annotations/<id>.xml) once per line"
+        )
     return sorted(ids)
 
 
@@ -121,8 +131,15 @@ def _image_stamps(root: str) -> dict[str, str]:
     return dict(zip(paths, file_stamps(paths)))
 
 
-def _index(root: str, ids: list[str], xmls: list[str], anns: list[Annotation], names: list[str],
-           images: dict[str, str], keep_empty: bool | str) -> tuple[CocoIndex, dict]:
+def _index(
+    root: str,
+    ids: list[str],
+    xmls: list[str],
+    anns: list[Annotation],
+    names: list[str],
+    images: dict[str, str],
+    keep_empty: bool | str,
+) -> tuple[CocoIndex, dict]:
     """The split's index, and its ground truth: image id -> [(category id, [x, y, w, h], iscrowd)]."""
     category = {name: k + 1 for k, name in enumerate(names)}
     cols: dict[str, list] = {"image_ids": [], "sizes": [], "paths": [], "problems": [], "boxes": [], "labels": []}
@@ -146,21 +163,31 @@ def _index(root: str, ids: list[str], xmls: list[str], anns: list[Annotation], n
             del truth[image_id]
             continue
         more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
-        for field, value in (("image_ids", image_id), ("sizes", ann.hw), ("paths", path),
-                             ("problems", "; ".join(problems[:3]) + more)):
+        for field, value in (
+            ("image_ids", image_id),
+            ("sizes", ann.hw),
+            ("paths", path),
+            ("problems", "; ".join(problems[:3]) + more),
+        ):
             cols[field].append(value)
         cols["boxes"] += boxes
         cols["labels"] += labels
         offsets.append(len(cols["boxes"]))
     if not cols["image_ids"]:
         raise DatasetConfigError(f"{root}: {len(ids)} ids listed, no usable images (dataset.keep_empty={keep_empty})")
-    index = CocoIndex(image_ids=np.array(cols["image_ids"], dtype=np.int64),
-                      sizes=np.array(cols["sizes"], dtype=np.int32).reshape(-1, 2),
-                      paths=np.array(cols["paths"], dtype=np.str_), box_offsets=np.array(offsets, dtype=np.int64),
-                      boxes=np.array(cols["boxes"], dtype=np.float32).reshape(-1, 4),
-                      labels=np.array(cols["labels"], dtype=np.int64),
-                      category_ids=np.arange(1, len(names) + 1, dtype=np.int64), category_names=list(names),
-                      problems=np.array(cols["problems"], dtype=np.str_), ann_file="", dropped=dropped)
+    index = CocoIndex(
+        image_ids=np.array(cols["image_ids"], dtype=np.int64),
+        sizes=np.array(cols["sizes"], dtype=np.int32).reshape(-1, 2),
+        paths=np.array(cols["paths"], dtype=np.str_),
+        box_offsets=np.array(offsets, dtype=np.int64),
+        boxes=np.array(cols["boxes"], dtype=np.float32).reshape(-1, 4),
+        labels=np.array(cols["labels"], dtype=np.int64),
+        category_ids=np.arange(1, len(names) + 1, dtype=np.int64),
+        category_names=list(names),
+        problems=np.array(cols["problems"], dtype=np.str_),
+        ann_file="",
+        dropped=dropped,
+    )
     return index, truth
 
 
@@ -178,12 +205,17 @@ def _image_path(root: str, filename: str, images: dict[str, str], real_dirs: dic
 def write_ground_truth(index: CocoIndex, truth: dict, folder: Path) -> str:
     """The split as COCO instances JSON (difficult objects as ``iscrowd`` 1, ``area`` = w * h)
     in ``folder``; returns the file's name."""
-    images = [{"id": int(i), "file_name": str(p), "height": int(h), "width": int(w)}
-              for i, (h, w), p in zip(index.image_ids, index.sizes, index.paths)]
+    images = [
+        {"id": int(i), "file_name": str(p), "height": int(h), "width": int(w)}
+        for i, (h, w), p in zip(index.image_ids, index.sizes, index.paths)
+    ]
     rows = [(i, *t) for i in map(int, index.image_ids) for t in truth[i]]
-    annotations = [{"id": n, "image_id": i, "category_id": c, "bbox": box, "area": box[2] * box[3], "iscrowd": crowd}
-                   for n, (i, c, box, crowd) in enumerate(rows, 1)]
+    annotations = [
+        {"id": n, "image_id": i, "category_id": c, "bbox": box, "area": box[2] * box[3], "iscrowd": crowd}
+        for n, (i, c, box, crowd) in enumerate(rows, 1)
+    ]
     categories = [{"id": int(c), "name": n} for c, n in zip(index.category_ids, index.category_names)]
-    (folder / GROUND_TRUTH).write_text(json.dumps({"images": images, "annotations": annotations,
-                                                   "categories": categories}))
+    (folder / GROUND_TRUTH).write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": categories})
+    )
     return GROUND_TRUTH

@@ -46,8 +46,9 @@ def read_splits(source: Source) -> Splits:
     return Splits(train, val, train.ann_file, val.ann_file, (folder, ""))
 
 
-def yolo_splits(yaml_path: str | None, root: str | None, keep_empty: bool | str,
-                cache_dir: str | None) -> tuple[CocoIndex, CocoIndex]:
+def yolo_splits(
+    yaml_path: str | None, root: str | None, keep_empty: bool | str, cache_dir: str | None
+) -> tuple[CocoIndex, CocoIndex]:
     """(train, val) indexes of the dataset ``data.yaml`` describes (``dataset.yaml``, else
     ``<dataset.root>/data.yaml``); validation keeps its negatives, as COCO's does."""
     layout = read_data_yaml(find_data_yaml(yaml_path, root))
@@ -57,8 +58,10 @@ def yolo_splits(yaml_path: str | None, root: str | None, keep_empty: bool | str,
 def split_index(layout: YoloLayout, split: str, keep_empty: bool | str, cache_dir: str | None) -> CocoIndex:
     images = list_images(layout, split)
     if not images:
-        raise DatasetConfigError(f"{layout.yaml_file}: {split}: no images in {list(layout.splits[split])} "
-                                 f"(image files end in {', '.join(IMAGE_SUFFIXES)})")
+        raise DatasetConfigError(
+            f"{layout.yaml_file}: {split}: no images in {list(layout.splits[split])} "
+            f"(image files end in {', '.join(IMAGE_SUFFIXES)})"
+        )
     # One stamp per file (size and mtime, or size and ETag from one listing per bucket prefix)
     image_stamps, label_stamps = file_stamps(images), file_stamps([label_path(p) for p in images])
     build = lambda: build_split_index(layout, split, images, image_stamps, label_stamps, keep_empty)  # noqa: E731
@@ -66,8 +69,14 @@ def split_index(layout: YoloLayout, split: str, keep_empty: bool | str, cache_di
         index = build()
     else:
         key = files_key(layout, images, image_stamps, label_stamps, keep_empty)
-        index = through_cache(cache_dir, f"index-yolo-{split}-{key}", key, build, f"{layout.yaml_file} {split}",
-                              extra=lambda index, tmp: {"ann_file": write_ground_truth(index, tmp)})
+        index = through_cache(
+            cache_dir,
+            f"index-yolo-{split}-{key}",
+            key,
+            build,
+            f"{layout.yaml_file} {split}",
+            extra=lambda index, tmp: {"ann_file": write_ground_truth(index, tmp)},
+        )
     if not index.ann_file:  # built in memory: its ground truth lives in a folder of this process
         folder = Path(tempfile.mkdtemp(prefix="cocodet-yolo-"))
         atexit.register(shutil.rmtree, folder, True)
@@ -94,12 +103,14 @@ def _files_under(folder: str) -> list[str]:
     return [os.path.join(dirpath, f) for dirpath, _, files in os.walk(folder) for f in files]
 
 
-def files_key(layout: YoloLayout, images: list[str], image_stamps: list[str], label_stamps: list[str],
-              keep_empty: bool | str) -> str:
+def files_key(
+    layout: YoloLayout, images: list[str], image_stamps: list[str], label_stamps: list[str], keep_empty: bool | str
+) -> str:
     """What the cached index depends on, hashed: the format, names and ``keep_empty``, then each
     image's path and stamp and its label file's stamp."""
-    digest = hashlib.sha256(json.dumps([INDEX_FORMAT, "yolo", layout.root, layout.category_ids, layout.names,
-                                        str(keep_empty)]).encode())
+    digest = hashlib.sha256(
+        json.dumps([INDEX_FORMAT, "yolo", layout.root, layout.category_ids, layout.names, str(keep_empty)]).encode()
+    )
     for image, image_stamp, label_stamp in zip(images, image_stamps, label_stamps):
         digest.update(f"{image}\t{image_stamp}\t{label_stamp}\n".encode())
     return digest.hexdigest()[:24]
@@ -113,8 +124,14 @@ def image_ids(images: list[str]) -> list[int]:
     return list(range(len(images)))
 
 
-def build_split_index(layout: YoloLayout, split: str, images: list[str], image_stamps: list[str],
-                      label_stamps: list[str], keep_empty: bool | str) -> CocoIndex:
+def build_split_index(
+    layout: YoloLayout,
+    split: str,
+    images: list[str],
+    image_stamps: list[str],
+    label_stamps: list[str],
+    keep_empty: bool | str,
+) -> CocoIndex:
     label_of = {c: k + 1 for k, c in enumerate(layout.category_ids)}
     classes = frozenset(layout.category_ids)
     dropped = {"non_finite_box": 0, "degenerate_box": 0, "empty_image": 0}
@@ -142,13 +159,19 @@ def build_split_index(layout: YoloLayout, split: str, images: list[str], image_s
         offsets.append(len(columns["boxes"]))
     if not columns["image_ids"]:
         raise DatasetConfigError(f"{layout.yaml_file}: {split}: no usable images (dataset.keep_empty={keep_empty})")
-    return CocoIndex(image_ids=np.array(columns["image_ids"], dtype=np.int64),
-                     sizes=np.array(columns["sizes"], dtype=np.int32).reshape(-1, 2),
-                     paths=np.array(columns["paths"], dtype=np.str_), box_offsets=np.array(offsets, dtype=np.int64),
-                     boxes=np.array(columns["boxes"], dtype=np.float32).reshape(-1, 4),
-                     labels=np.array(columns["labels"], dtype=np.int64),
-                     category_ids=np.array(layout.category_ids, dtype=np.int64), category_names=list(layout.names),
-                     problems=np.array(columns["problems"], dtype=np.str_), ann_file="", dropped=dropped)
+    return CocoIndex(
+        image_ids=np.array(columns["image_ids"], dtype=np.int64),
+        sizes=np.array(columns["sizes"], dtype=np.int32).reshape(-1, 2),
+        paths=np.array(columns["paths"], dtype=np.str_),
+        box_offsets=np.array(offsets, dtype=np.int64),
+        boxes=np.array(columns["boxes"], dtype=np.float32).reshape(-1, 4),
+        labels=np.array(columns["labels"], dtype=np.int64),
+        category_ids=np.array(layout.category_ids, dtype=np.int64),
+        category_names=list(layout.names),
+        problems=np.array(columns["problems"], dtype=np.str_),
+        ann_file="",
+        dropped=dropped,
+    )
 
 
 def _outside(root: str, path: str, real_dirs: dict) -> str:
@@ -175,10 +198,18 @@ def write_ground_truth(index: CocoIndex, folder: Path) -> str:
         images.append({"id": int(image_id), "file_name": str(path), "height": int(h), "width": int(w)})
         boxes, labels = index.targets(k)
         for (x0, y0, x1, y1), label in zip(boxes.tolist(), labels.tolist()):
-            annotations.append({"id": len(annotations) + 1, "image_id": int(image_id), "iscrowd": 0,
-                                "category_id": int(index.category_ids[label - 1]), "bbox": [x0, y0, x1 - x0, y1 - y0],
-                                "area": (x1 - x0) * (y1 - y0)})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": int(image_id),
+                    "iscrowd": 0,
+                    "category_id": int(index.category_ids[label - 1]),
+                    "bbox": [x0, y0, x1 - x0, y1 - y0],
+                    "area": (x1 - x0) * (y1 - y0),
+                }
+            )
     categories = [{"id": int(c), "name": n} for c, n in zip(index.category_ids, index.category_names)]
-    (folder / GROUND_TRUTH).write_text(json.dumps({"images": images, "annotations": annotations,
-                                                   "categories": categories}))
+    (folder / GROUND_TRUTH).write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": categories})
+    )
     return GROUND_TRUTH

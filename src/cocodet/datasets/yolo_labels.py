@@ -64,8 +64,9 @@ def label_path(image: str) -> str:
     return os.path.splitext(swapped)[0] + ".txt"
 
 
-def read_labels(path: str, size: int | None, stored_hw: tuple[int, int], orientation: int,
-                classes: frozenset[int]) -> Labels:
+def read_labels(
+    path: str, size: int | None, stored_hw: tuple[int, int], orientation: int, classes: frozenset[int]
+) -> Labels:
     """The boxes of the label file ``path`` of ``size`` bytes (None: there is none, a negative)
     for an image stored at ``stored_hw`` with EXIF ``orientation``; ``classes``: the indices
     ``names`` declares. A local file or an object, read through the store's one reader."""
@@ -106,8 +107,10 @@ def _parse_line(fields: list[str], segments: bool, classes: frozenset[int]) -> t
     except ValueError:
         raise ValueError(f"non-numeric text in {' '.join(fields)!r}") from None
     if not segments and len(values) != 5:
-        raise ValueError(f"{len(values)} fields, expected 5 (class cx cy w h) or a segment "
-                         "(the class, then at least three x y pairs)")
+        raise ValueError(
+            f"{len(values)} fields, expected 5 (class cx cy w h) or a segment "
+            "(the class, then at least three x y pairs)"
+        )
     if segments and (len(values) < 5 or len(values) % 2 == 0):
         raise ValueError(f"{len(values)} fields in a segment file, expected the class then x y pairs")
     cls = values[0]
@@ -118,8 +121,10 @@ def _parse_line(fields: list[str], segments: bool, classes: frozenset[int]) -> t
     coords = values[1:]
     outside = [v for v in coords if math.isfinite(v) and not -COORD_TOLERANCE <= v <= 1 + COORD_TOLERANCE]
     if outside:
-        raise ValueError(f"coordinate {outside[0]} is outside [0, 1] by more than {COORD_TOLERANCE}: labels are "
-                         "normalised by the image's width and height (is this file in pixels?)")
+        raise ValueError(
+            f"coordinate {outside[0]} is outside [0, 1] by more than {COORD_TOLERANCE}: labels are "
+            "normalised by the image's width and height (is this file in pixels?)"
+        )
     if segments:
         xs, ys = coords[0::2], coords[1::2]
         return int(cls), [min(xs), min(ys), max(xs), max(ys)]

@@ -75,8 +75,10 @@ def find_data_yaml(yaml_path: str | None, root: str | None) -> str:
     if not is_file(path):
         others = sorted(f for f in os.listdir(folder) if f.endswith(".yaml")) if os.path.isdir(folder) else []
         hint = f"; it holds {others}: name one with dataset.yaml=" if others else ""
-        raise DatasetConfigError(f"dataset=yolo: no data.yaml in dataset.root={root} (resolved to {folder})"
-                                 f"{hint}. Set dataset.yaml=PATH/data.yaml, or dataset.root to its folder")
+        raise DatasetConfigError(
+            f"dataset=yolo: no data.yaml in dataset.root={root} (resolved to {folder})"
+            f"{hint}. Set dataset.yaml=PATH/data.yaml, or dataset.root to its folder"
+        )
     return path
 
 
@@ -91,18 +93,23 @@ def read_data_yaml(yaml_file: str) -> YoloLayout:
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise DatasetConfigError(f"{yaml_file} is not readable YAML: {e}") from None
     if not isinstance(data, dict):
-        raise DatasetConfigError(f"{yaml_file}: a mapping with train, val and names expected, found "
-                                 f"{type(data).__name__}")
+        raise DatasetConfigError(
+            f"{yaml_file}: a mapping with train, val and names expected, found {type(data).__name__}"
+        )
     if data.get("download"):
         log.info("%s has a download: key; cocodet never runs it (the dataset must be on disk)", yaml_file)
     missing = [k for k in ("train", "val") if not data.get(k)]
     if missing:
-        raise DatasetConfigError(f"{yaml_file}: no {' or '.join(missing)} key; data.yaml names each split's images "
-                                 "(a folder, a .txt list of images, or a list of either)")
+        raise DatasetConfigError(
+            f"{yaml_file}: no {' or '.join(missing)} key; data.yaml names each split's images "
+            "(a folder, a .txt list of images, or a list of either)"
+        )
     root = resolve(parent(yaml_file), str(data.get("path") or "."))
     category_ids, names = _names(data, yaml_file)
-    splits = {split: tuple(_split_path(root, entry, yaml_file, split) for entry in _entries(data[split]))
-              for split in ("train", "val")}
+    splits = {
+        split: tuple(_split_path(root, entry, yaml_file, split) for entry in _entries(data[split]))
+        for split in ("train", "val")
+    }
     return YoloLayout(yaml_file, root, splits, category_ids, names)
 
 
@@ -115,8 +122,9 @@ def _split_path(root: str, entry: str, yaml_file: str, split: str) -> str:
     if not _exists(path) and entry.startswith("../"):
         path = resolve(root, entry[3:])  # Roboflow's exports name ../train/images beside data.yaml
     if not _exists(path):
-        raise DatasetConfigError(f"{yaml_file}: {split}: {entry} does not exist (resolved to {path}, "
-                                 f"relative to path: {root})")
+        raise DatasetConfigError(
+            f"{yaml_file}: {split}: {entry} does not exist (resolved to {path}, relative to path: {root})"
+        )
     return path
 
 
@@ -135,8 +143,10 @@ def _names(data: dict, yaml_file: str) -> tuple[tuple[int, ...], tuple[str, ...]
     elif isinstance(names, dict) and names and all(isinstance(k, int) and k >= 0 for k in names):
         pairs = sorted(names.items())
     else:
-        raise DatasetConfigError(f"{yaml_file}: names must be a list of class names or a mapping from class index "
-                                 f"(0, 1, ...) to name; found {names!r}")
+        raise DatasetConfigError(
+            f"{yaml_file}: names must be a list of class names or a mapping from class index "
+            f"(0, 1, ...) to name; found {names!r}"
+        )
     if isinstance(nc, int) and nc != len(pairs):
         raise DatasetConfigError(f"{yaml_file}: nc: {nc} but names lists {len(pairs)} classes; make them agree")
     return tuple(int(k) for k, _ in pairs), tuple(str(v) for _, v in pairs)

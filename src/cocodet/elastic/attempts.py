@@ -41,10 +41,17 @@ class AttemptLedger(L.Callback):
         before = self.attempts[-1] if self.attempts else None
         restart = before is not None and before.get("ended") is None
         step = int(trainer.global_step)
-        self.attempts.append({"attempt": len(self.attempts), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                              "resumed_step": step, "reached_step": step, "restart": restart,
-                              "steps_redone": max(0, int(before["reached_step"]) - step) if restart else 0,
-                              "ended": None})
+        self.attempts.append(
+            {
+                "attempt": len(self.attempts),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "resumed_step": step,
+                "reached_step": step,
+                "restart": restart,
+                "steps_redone": max(0, int(before["reached_step"]) - step) if restart else 0,
+                "ended": None,
+            }
+        )
         self._write()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -85,6 +92,9 @@ def read_attempts(path: Path) -> list[dict]:
 
 def summarize(attempts: list[dict]) -> dict:
     """``{"count", "restarts", "steps_redone", "resumed_steps"}`` of a run's attempts."""
-    return {"count": len(attempts), "restarts": sum(bool(a.get("restart")) for a in attempts),
-            "steps_redone": sum(int(a.get("steps_redone") or 0) for a in attempts),
-            "resumed_steps": [int(a.get("resumed_step") or 0) for a in attempts]}
+    return {
+        "count": len(attempts),
+        "restarts": sum(bool(a.get("restart")) for a in attempts),
+        "steps_redone": sum(int(a.get("steps_redone") or 0) for a in attempts),
+        "resumed_steps": [int(a.get("resumed_step") or 0) for a in attempts],
+    }

@@ -49,14 +49,22 @@ def meet(ranks: Ranks, choose: Callable[[], dict], timeout_s: float = TIMEOUT_S)
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     shared = elastic_launch().shared_store
     if shared and ranks.world_size > ranks.local_world_size and ranks.global_rank == 0:
-        log.warning("torchrun's agents share one store across restarts (TORCH_DISABLE_SHARE_RDZV_TCP_STORE is not 1): "
-                    "a restarted group meets anew, but an agent started in place of a lost node cannot join (torch "
-                    "2.14 publishes the store's address to the first round only); set "
-                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the agents' environment, as deploy/k8s/ does")
+        log.warning(
+            "torchrun's agents share one store across restarts (TORCH_DISABLE_SHARE_RDZV_TCP_STORE is not 1): "
+            "a restarted group meets anew, but an agent started in place of a lost node cannot join (torch "
+            "2.14 publishes the store's address to the first round only); set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the agents' environment, as deploy/k8s/ does"
+        )
     # Not shared: rank 0 serves this attempt's store (new each round) now; Lightning's
     # init_process_group reuses it (multi_tenant) and the other ranks connect as they start.
-    store = TCPStore(addr, port, is_master=not shared and ranks.global_rank == 0, multi_tenant=True,
-                     wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    store = TCPStore(
+        addr,
+        port,
+        is_master=not shared and ranks.global_rank == 0,
+        multi_tenant=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
     _SERVED.append(store)  # held for the process's life: Lightning's store is this one
     if ranks.global_rank == 0:
         offer = _offer(store, ranks, choose(), _free_port() if shared else port, timeout_s)
@@ -64,8 +72,14 @@ def meet(ranks: Ranks, choose: Callable[[], dict], timeout_s: float = TIMEOUT_S)
         offer = _answer(store, ranks, timeout_s)
     # Shared: Lightning's init_process_group (env://) makes rank 0 serve a new store on the new port.
     leave_the_agents_store(offer["port"])
-    log.info("rank %d met the %d other rank(s) of this attempt (%s); the process group's store: %s:%d",
-             ranks.global_rank, ranks.world_size - 1, offer["token"][:8], addr, offer["port"])
+    log.info(
+        "rank %d met the %d other rank(s) of this attempt (%s); the process group's store: %s:%d",
+        ranks.global_rank,
+        ranks.world_size - 1,
+        offer["token"][:8],
+        addr,
+        offer["port"],
+    )
     return offer["choice"]
 
 
@@ -81,8 +95,10 @@ def _offer(agents, ranks: Ranks, choice: dict, port: int, timeout_s: float) -> d
         try:
             agents.wait([key], timedelta(seconds=timeout_s))
         except Exception as e:  # torch's DistStoreError: a timeout
-            raise UserError(f"rank {rank} did not join this attempt's meeting within {timeout_s:.0f} s ({e}); the "
-                            "other nodes' logs say why (a node that cannot reach this one, or one still starting)")
+            raise UserError(
+                f"rank {rank} did not join this attempt's meeting within {timeout_s:.0f} s ({e}); the "
+                "other nodes' logs say why (a node that cannot reach this one, or one still starting)"
+            )
         nonces[str(rank)] = agents.get(key).decode()
     agents.set(f"{PREFIX}/{offer['token']}/met", json.dumps(nonces))
     return offer
@@ -101,8 +117,10 @@ def _answer(agents, ranks: Ranks, timeout_s: float) -> dict:
         if met is not None and json.loads(agents.get(met)).get(str(ranks.global_rank)) == nonce:
             return offer
         if time.monotonic() > deadline:
-            raise UserError(f"rank {ranks.global_rank} found no offer of this attempt's rank 0 within {timeout_s:.0f} s "
-                            "(rank 0's node may have failed to start: its log says why)")
+            raise UserError(
+                f"rank {ranks.global_rank} found no offer of this attempt's rank 0 within {timeout_s:.0f} s "
+                "(rank 0's node may have failed to start: its log says why)"
+            )
         if met is not None:  # an attempt before met there: this attempt's rank 0 has not offered yet
             time.sleep(POLL_S / 4)
 

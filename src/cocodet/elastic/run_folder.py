@@ -40,8 +40,13 @@ def unshared_folder(ranks: Ranks, run_dir_given: bool, environ: Mapping[str, str
     if run_dir_given or (nodes <= 1 and not restarts) or (ranks.launcher == "torchelastic" and launch.run_id):
         return None
     how = f"{ranks.world_size} ranks on {nodes} nodes" if nodes > 1 else f"--max-restarts={restarts}"
-    fix = ("torchrun --rdzv-id=<run name> (the folder is then outputs/torchrun/<run name>) or "
-           if ranks.launcher == "torchelastic" else "")
-    return (f"this {ranks.launcher} launch ({how}) has no run folder that every node and every restart agrees on: each "
-            f"process would compose its own outputs/<date>/<time>, and a restarted one would not find the run's "
-            f"checkpoints; pass {fix}hydra.run.dir=<a folder every node can write, the same on each>")
+    fix = (
+        "torchrun --rdzv-id=<run name> (the folder is then outputs/torchrun/<run name>) or "
+        if ranks.launcher == "torchelastic"
+        else ""
+    )
+    return (
+        f"this {ranks.launcher} launch ({how}) has no run folder that every node and every restart agrees on: each "
+        f"process would compose its own outputs/<date>/<time>, and a restarted one would not find the run's "
+        f"checkpoints; pass {fix}hydra.run.dir=<a folder every node can write, the same on each>"
+    )

@@ -22,9 +22,12 @@ from cocodet.images.resize import letterbox_resize
 _IMREAD_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
 # libjpeg's DCT scaling: a JPEG decoded at 1/2, 1/4 or 1/8 of its size costs about half a
 # full decode, and an image shrunk by that much anyway loses nothing it would have kept.
-_REDUCED_FLAGS = {1: _IMREAD_FLAGS, 2: cv2.IMREAD_REDUCED_COLOR_2 | cv2.IMREAD_IGNORE_ORIENTATION,
-                  4: cv2.IMREAD_REDUCED_COLOR_4 | cv2.IMREAD_IGNORE_ORIENTATION,
-                  8: cv2.IMREAD_REDUCED_COLOR_8 | cv2.IMREAD_IGNORE_ORIENTATION}
+_REDUCED_FLAGS = {
+    1: _IMREAD_FLAGS,
+    2: cv2.IMREAD_REDUCED_COLOR_2 | cv2.IMREAD_IGNORE_ORIENTATION,
+    4: cv2.IMREAD_REDUCED_COLOR_4 | cv2.IMREAD_IGNORE_ORIENTATION,
+    8: cv2.IMREAD_REDUCED_COLOR_8 | cv2.IMREAD_IGNORE_ORIENTATION,
+}
 
 
 class Decoded(NamedTuple):
@@ -48,8 +51,12 @@ def decode_reduction(data: bytes, stored_hw: tuple[int, int], size: int) -> int:
     return 1
 
 
-def decode_checked(data: bytes, annotated_hw: tuple[int, int] = (0, 0),
-                   max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, fit: int | None = None) -> Decoded:
+def decode_checked(
+    data: bytes,
+    annotated_hw: tuple[int, int] = (0, 0),
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    fit: int | None = None,
+) -> Decoded:
     """Decode image bytes after refusing, from the header alone, an image above ``max_pixels``
     or of another size than ``annotated_hw`` (``(0, 0)``: not annotated, the header's size is
     used). ``fit``: decode a JPEG reduced by libjpeg when that still leaves ``fit`` pixels on
@@ -66,8 +73,9 @@ def decode_checked(data: bytes, annotated_hw: tuple[int, int] = (0, 0),
         source = "the annotation's" if annotated else "its header's"
         raise ValueError(f"decoded size {h * reduction}x{w * reduction} differs from {source} {jh}x{jw}")
     if h * w * reduction * reduction > max_pixels:  # a format whose header could not be read
-        raise ImageTooLarge(f"too large: decoded {h * reduction}x{w * reduction}, above "
-                            f"dataset.max_image_pixels={max_pixels}")
+        raise ImageTooLarge(
+            f"too large: decoded {h * reduction}x{w * reduction}, above dataset.max_image_pixels={max_pixels}"
+        )
     return Decoded(image, (jh, jw) if reduction > 1 else (h, w), reduction)
 
 
@@ -88,8 +96,9 @@ def _imdecode(data: bytes, reduction: int) -> np.ndarray:
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
-def decode_resized(data: bytes, stored_hw: tuple[int, int], size: int,
-                   max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, tuple[int, int], float]:
+def decode_resized(
+    data: bytes, stored_hw: tuple[int, int], size: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[np.ndarray, tuple[int, int], float]:
     """Image bytes -> (RGB image with long side ``size``, stored (h, w), scale stored -> output):
     :func:`decode_checked` with the reduced JPEG decode, then the one letterbox resize. What
     training, validation, prediction and the pixel cache all use."""

@@ -50,11 +50,11 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # markers without a length
             pos += 2
             continue
-        (length,) = struct.unpack(">H", data[pos + 2:pos + 4])
+        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
         if marker in _SOF_MARKERS:
             if pos + 9 > len(data):
                 return None
-            height, width = struct.unpack(">HH", data[pos + 5:pos + 9])
+            height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
             return height, width
         pos += 2 + length
     return None
@@ -84,9 +84,12 @@ def check_header(data: bytes, annotated_hw: tuple[int, int], max_pixels: int) ->
         return None
     h, w = hw
     if h * w > max_pixels:
-        raise ImageTooLarge(f"too large: the header says {h}x{w} = {h * w / 1e6:.0f} MP, above "
-                            f"dataset.max_image_pixels={max_pixels} ({max_pixels / 1e6:.0f} MP); not decoded")
+        raise ImageTooLarge(
+            f"too large: the header says {h}x{w} = {h * w / 1e6:.0f} MP, above "
+            f"dataset.max_image_pixels={max_pixels} ({max_pixels / 1e6:.0f} MP); not decoded"
+        )
     if tuple(annotated_hw) != (0, 0) and (h, w) != tuple(annotated_hw):
-        raise ValueError(f"header size {h}x{w} differs from the annotation's {annotated_hw[0]}x{annotated_hw[1]}; "
-                         "not decoded")
+        raise ValueError(
+            f"header size {h}x{w} differs from the annotation's {annotated_hw[0]}x{annotated_hw[1]}; not decoded"
+        )
     return hw

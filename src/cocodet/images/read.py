@@ -42,8 +42,9 @@ def read_file(index: CocoIndex, k: int, via=None) -> tuple[str, int, bytes]:
         raise BadSampleError(path, image_id, f"cannot read: {e.strerror or e}") from None
 
 
-def read_decoded(index: CocoIndex, k: int, max_pixels: int, fit: int | None,
-                 timings: np.ndarray | None, via=None) -> Decoded:
+def read_decoded(
+    index: CocoIndex, k: int, max_pixels: int, fit: int | None, timings: np.ndarray | None, via=None
+) -> Decoded:
     """Image k read and decoded through :func:`decode_checked` (``fit``: the reduced JPEG
     decode); ``timings`` (read, decode) in seconds accumulate in place when given. Raises
     BadSampleError naming file, image id and reason."""
@@ -60,9 +61,14 @@ def read_decoded(index: CocoIndex, k: int, max_pixels: int, fit: int | None,
     return decoded
 
 
-def load_raw(index: CocoIndex, k: int, timings: np.ndarray | None = None,
-             max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0,
-             via=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def load_raw(
+    index: CocoIndex,
+    k: int,
+    timings: np.ndarray | None = None,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    min_box_side: float = 1.0,
+    via=None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Image k at its stored size: (rgb image, xyxy boxes clipped to it, labels)."""
     image = read_decoded(index, k, max_pixels, None, timings, via).image
     h, w = image.shape[:2]
@@ -81,9 +87,16 @@ def clip_targets(index: CocoIndex, k: int, h: int, w: int, min_side: float = 1.0
     return boxes[keep], labels[keep]
 
 
-def load_resized(index: CocoIndex, k: int, size: int | None, timings: np.ndarray | None = None,
-                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, min_box_side: float = 1.0, dst_for=None,
-                 via=None) -> Source:
+def load_resized(
+    index: CocoIndex,
+    k: int,
+    size: int | None,
+    timings: np.ndarray | None = None,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    min_box_side: float = 1.0,
+    dst_for=None,
+    via=None,
+) -> Source:
     """Image k at the working resolution (long side ``size``): a reduced JPEG decode when the
     image is at least 2x larger, then the one letterbox resize (counted as decode time).
     ``size`` None: the stored pixels, untouched (the reference presets). ``dst_for``: where the

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from cocodet.datasets.index import CocoIndex
 from cocodet.errors import BadSampleError
-from cocodet.images.read import load_raw
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.images.read import load_raw
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,10 @@ def scan(index: CocoIndex, threads: int = 8, max_pixels: int = DEFAULT_MAX_IMAGE
 
 
 def report_table(split: str, index: CocoIndex, problems: list[dict]) -> str:
-    lines = [f"{split}: {len(index)} images, {len(problems)} problems; "
-             f"annotations dropped while indexing: {dict(index.dropped)}"]
+    lines = [
+        f"{split}: {len(index)} images, {len(problems)} problems; "
+        f"annotations dropped while indexing: {dict(index.dropped)}"
+    ]
     kinds = Counter(p["reason"].split(":")[0] for p in problems)
     for kind, n in kinds.most_common():
         lines.append(f"  {n:6d}  {kind}")

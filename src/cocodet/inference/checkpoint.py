@@ -11,13 +11,16 @@ def read_weights(ckpt_path: str | None, weights_only: bool) -> dict:
     """The checkpoint a mode that uses weights needs (one line and exit 2 when there is none,
     or when it is refused)."""
     if not ckpt_path:
-        raise CheckpointError("this mode needs a checkpoint: add ckpt_path=<run>/checkpoints/last.ckpt "
-                              "(or ckpt_path=last for the newest run's)")
+        raise CheckpointError(
+            "this mode needs a checkpoint: add ckpt_path=<run>/checkpoints/last.ckpt "
+            "(or ckpt_path=last for the newest run's)"
+        )
     return load_checkpoint(ckpt_path, weights_only)
 
 
-def load_weights(module: torch.nn.Module, ckpt_path: str | None, weights_only: bool,
-                 checkpoint: dict | None = None) -> dict:
+def load_weights(
+    module: torch.nn.Module, ckpt_path: str | None, weights_only: bool, checkpoint: dict | None = None
+) -> dict:
     """Copy the checkpoint's ``state_dict`` into ``module`` (``checkpoint``: already read from
     ``ckpt_path``); return the checkpoint."""
     if checkpoint is None:
@@ -26,8 +29,10 @@ def load_weights(module: torch.nn.Module, ckpt_path: str | None, weights_only: b
         module.load_state_dict(checkpoint["state_dict"])
     except (KeyError, RuntimeError) as e:
         # The summary names the tensor and the shapes; torch's own text lists every tensor.
-        raise CheckpointError(f"{ckpt_path} does not fit the configured model ({mismatch(checkpoint, module, e)}); "
-                              "pass the model=... and dataset the run was trained with") from None
+        raise CheckpointError(
+            f"{ckpt_path} does not fit the configured model ({mismatch(checkpoint, module, e)}); "
+            "pass the model=... and dataset the run was trained with"
+        ) from None
     return checkpoint
 
 
@@ -44,10 +49,14 @@ def mismatch(checkpoint: dict, module: torch.nn.Module, error: Exception) -> str
         return f"{type(error).__name__}: the checkpoint holds no state_dict"
     missing, unexpected = sorted(built.keys() - saved.keys()), sorted(saved.keys() - built.keys())
     if missing or unexpected:  # another architecture
-        return (f"{len(missing)} tensors missing, first {missing[:1]}; {len(unexpected)} unexpected, first "
-                f"{unexpected[:1]}")
-    shapes = [(k, tuple(saved[k].shape), tuple(v.shape)) for k, v in built.items()
-              if hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(v.shape)]
+        return (
+            f"{len(missing)} tensors missing, first {missing[:1]}; {len(unexpected)} unexpected, first {unexpected[:1]}"
+        )
+    shapes = [
+        (k, tuple(saved[k].shape), tuple(v.shape))
+        for k, v in built.items()
+        if hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(v.shape)
+    ]
     if not shapes:
         return f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     key, theirs, ours = shapes[0]

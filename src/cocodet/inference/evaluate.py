@@ -8,8 +8,8 @@ from pathlib import Path
 
 import lightning as L
 
-from cocodet.ranks_in_trainer import finish_ranks
 from cocodet.models.evaluation import ALL_STAT_NAMES, per_category_ap, precision_recall
+from cocodet.ranks_in_trainer import finish_ranks
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,13 @@ def evaluate_checkpoint(trainer: L.Trainer, module, datamodule, ckpt_path: str, 
     ev = module.last_coco_eval
     stats = module.last_metrics
     names = dict(zip(datamodule.val_index.category_ids.tolist(), datamodule.val_index.category_names))
-    summary = {"mode": "eval", "checkpoint": str(ckpt_path), "split": split, "eval_backend": module.eval_backend,
-               **{k: round(float(stats.get(k, 0.0)), 4) for k in ALL_STAT_NAMES}}
+    summary = {
+        "mode": "eval",
+        "checkpoint": str(ckpt_path),
+        "split": split,
+        "eval_backend": module.eval_backend,
+        **{k: round(float(stats.get(k, 0.0)), 4) for k in ALL_STAT_NAMES},
+    }
     if not trainer.is_global_zero:  # COCOeval ran on rank 0, which writes the tables
         return summary
     summary.update(images=module.val_images_evaluated, padded_repeats_removed=module.val_repeats_removed)
@@ -43,8 +48,7 @@ def evaluate_checkpoint(trainer: L.Trainer, module, datamodule, ckpt_path: str, 
             writer.writerow({"rank": rank, **row})
     log.info("per-category AP (%s split, ranked):\n%s", split, _table(rows))
     png = _plot_pr(precision_recall(ev), run_dir / "precision_recall.png", summary)
-    return {**summary, "per_category": rows, "per_category_csv": str(csv_path),
-            "precision_recall_png": str(png)}
+    return {**summary, "per_category": rows, "per_category_csv": str(csv_path), "precision_recall_png": str(png)}
 
 
 def _table(rows: list[dict]) -> str:
@@ -64,12 +68,19 @@ def _plot_pr(curves: dict, path: Path, summary: dict) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 5))
-    for key, label in (("iou50", f"IoU 0.50 (AP {summary['map50']:.3f})"),
-                       ("iou75", f"IoU 0.75 (AP {summary['map75']:.3f})"),
-                       ("iou50_95", f"IoU 0.50:0.95 (AP {summary['map']:.3f})")):
+    for key, label in (
+        ("iou50", f"IoU 0.50 (AP {summary['map50']:.3f})"),
+        ("iou75", f"IoU 0.75 (AP {summary['map75']:.3f})"),
+        ("iou50_95", f"IoU 0.50:0.95 (AP {summary['map']:.3f})"),
+    ):
         ax.plot(curves["recall"], curves[key], label=label)
-    ax.set(xlabel="recall", ylabel="precision (mean over classes)", xlim=(0, 1), ylim=(0, 1.02),
-           title=f"precision-recall, all classes, {summary['split']} split")
+    ax.set(
+        xlabel="recall",
+        ylabel="precision (mean over classes)",
+        xlim=(0, 1),
+        ylim=(0, 1.02),
+        title=f"precision-recall, all classes, {summary['split']} split",
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left")
     fig.tight_layout()

@@ -31,12 +31,12 @@ class ExportError(UserError):
 # What the standalone script does before the network, per kind of resize (model.json's input.resize).
 RESIZE_WORDS = {
     "letterbox": "resize the long side to {size} keeping the aspect ratio (INTER_AREA when shrinking; a JPEG at "
-                 "least 2x/4x/8x larger decoded at 1/2, 1/4, 1/8 first), pad bottom/right with {pad_value} to "
-                 "{size}x{size}",
+    "least 2x/4x/8x larger decoded at 1/2, 1/4, 1/8 first), pad bottom/right with {pad_value} to "
+    "{size}x{size}",
     "shortest_side": "resize to floor(side x s) with s = min({min_size} / shorter side, {max_size} / longer side), "
-                     "bilinear without antialias on uint8 (torch's interpolate, align_corners=False), no padding",
+    "bilinear without antialias on uint8 (torch's interpolate, align_corners=False), no padding",
     "fixed": "resize to {height}x{width} without keeping the aspect ratio, bilinear without antialias on uint8 "
-             "(torch's interpolate, align_corners=False)",
+    "(torch's interpolate, align_corners=False)",
 }
 
 
@@ -53,23 +53,48 @@ def export(module, datamodule, *, fmt: str, model_name: str, run_dir: Path, opse
         _export_onnx(model, resize, path, opset)
     letterbox = resize["kind"] == "letterbox"
     meta = {
-        "format": fmt, "model": model_name, "file": path.name,
-        "input": {"dtype": "float32", "range": [0.0, 1.0], "channels": "RGB", "layout": "CHW",
-                  "size": resize.get("size"), "pad_value": resize.get("pad_value"), "resize": resize,
-                  "how": RESIZE_WORDS[resize["kind"]].format(**resize)},
+        "format": fmt,
+        "model": model_name,
+        "file": path.name,
+        "input": {
+            "dtype": "float32",
+            "range": [0.0, 1.0],
+            "channels": "RGB",
+            "layout": "CHW",
+            "size": resize.get("size"),
+            "pad_value": resize.get("pad_value"),
+            "resize": resize,
+            "how": RESIZE_WORDS[resize["kind"]].format(**resize),
+        },
         "output": "boxes xyxy in the resized frame, labels 1..K (0: background), scores; divide boxes by the resize "
-                  "scale" + ("" if letterbox else " of each axis (resized / original side)") + " and clip to the "
-                  "original image",
-        "categories": [{"label": k + 1, "id": int(c), "name": n}
-                       for k, (c, n) in enumerate(zip(datamodule.val_index.category_ids.tolist(),
-                                                      datamodule.val_index.category_names))],
+        "scale" + ("" if letterbox else " of each axis (resized / original side)") + " and clip to the "
+        "original image",
+        "categories": [
+            {"label": k + 1, "id": int(c), "name": n}
+            for k, (c, n) in enumerate(
+                zip(datamodule.val_index.category_ids.tolist(), datamodule.val_index.category_names)
+            )
+        ],
     }
     (out / "model.json").write_text(json.dumps(meta, indent=2))
     shutil.copyfile(STANDALONE, out / "predict.py")
-    log.info("exported %s to %s (+ model.json, predict.py; input: %s): python %s --model %s IMAGE...", fmt, path,
-             meta["input"]["how"], out / "predict.py", path)
-    return {"mode": "export", "format": fmt, "model_file": str(path), "metadata": str(out / "model.json"),
-            "predict_script": str(out / "predict.py"), "bytes": path.stat().st_size, "resize": resize}
+    log.info(
+        "exported %s to %s (+ model.json, predict.py; input: %s): python %s --model %s IMAGE...",
+        fmt,
+        path,
+        meta["input"]["how"],
+        out / "predict.py",
+        path,
+    )
+    return {
+        "mode": "export",
+        "format": fmt,
+        "model_file": str(path),
+        "metadata": str(out / "model.json"),
+        "predict_script": str(out / "predict.py"),
+        "bytes": path.stat().st_size,
+        "resize": resize,
+    }
 
 
 def _export_onnx(model: torch.nn.Module, resize: dict, path: Path, opset: int) -> None:
@@ -88,5 +113,13 @@ def _export_onnx(model: torch.nn.Module, resize: dict, path: Path, opset: int) -
         keys = list(model(example)[0].keys())  # the detector's own output order (FCOS: boxes, scores, labels)
     # The TorchScript-based exporter: torch.onnx's dynamo exporter does not trace torchvision's
     # detection postprocessing (data-dependent NMS) in torch 2.14.
-    torch.onnx.export(model, (example,), str(path), opset_version=opset, input_names=["image"],
-                      output_names=keys, dynamic_axes=dynamic, dynamo=False)
+    torch.onnx.export(
+        model,
+        (example,),
+        str(path),
+        opset_version=opset,
+        input_names=["image"],
+        output_names=keys,
+        dynamic_axes=dynamic,
+        dynamo=False,
+    )

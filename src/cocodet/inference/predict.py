@@ -50,8 +50,11 @@ def list_images(source: str) -> list[str]:
         kind = "an object nor a prefix holding images"
     else:
         path = Path(source)
-        files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES) \
-            if path.is_dir() else []
+        files = (
+            sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            if path.is_dir()
+            else []
+        )
         single = path.is_file()
         kind = "a file nor a folder holding images"
     if single:
@@ -67,8 +70,14 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     grey sample with ``image_id`` -1 and a skip record (``on_bad_sample=skip``), or raises
     BadSampleError (``raise``)."""
 
-    def __init__(self, files: list[str], image_ids: list[int], recipe: Recipe, on_bad_sample: str,
-                 max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+    def __init__(
+        self,
+        files: list[str],
+        image_ids: list[int],
+        recipe: Recipe,
+        on_bad_sample: str,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ):
         self.files, self.image_ids, self.on_bad_sample = files, image_ids, on_bad_sample
         self.max_pixels = max_pixels
         self.recipe = recipe
@@ -102,10 +111,17 @@ class ImageFolderDataset(torch.utils.data.Dataset):
             skipped, image_id = [], self.image_ids[i]
         decoded = time.perf_counter()
         out = self.recipe((image, np.zeros((0, 4), np.float32), np.zeros(0, np.int64)), None, [])
-        return make_sample(out.image, out.boxes, out.labels, (epoch, i), image_id,
-                           to_original(orig_hw, scale, out.scale),
-                           stage_seconds=np.array([0.0, decoded - t0, time.perf_counter() - decoded, 0.0]),
-                           pad_share=out.pad_share, skipped=skipped)
+        return make_sample(
+            out.image,
+            out.boxes,
+            out.labels,
+            (epoch, i),
+            image_id,
+            to_original(orig_hw, scale, out.scale),
+            stage_seconds=np.array([0.0, decoded - t0, time.perf_counter() - decoded, 0.0]),
+            pad_share=out.pad_share,
+            skipped=skipped,
+        )
 
 
 def assign_ids(files: list[str], known: dict[str, int]) -> list[int]:

@@ -29,8 +29,12 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-           8: cv2.IMREAD_REDUCED_COLOR_8}
+REDUCED = {
+    1: cv2.IMREAD_COLOR,
+    2: cv2.IMREAD_REDUCED_COLOR_2,
+    4: cv2.IMREAD_REDUCED_COLOR_4,
+    8: cv2.IMREAD_REDUCED_COLOR_8,
+}
 DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
 SOF_MARKERS = (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
 
@@ -41,12 +45,12 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     while i + 9 < len(data):
         if data[i] != 0xFF:
             return None
-        marker, length = data[i + 1], int.from_bytes(data[i + 2:i + 4], "big")
+        marker, length = data[i + 1], int.from_bytes(data[i + 2 : i + 4], "big")
         if marker == 0xFF or marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # fill byte, markers without a length
             i += 1 if marker == 0xFF else 2
             continue
         if marker in SOF_MARKERS:
-            return int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big")
+            return int.from_bytes(data[i + 5 : i + 7], "big"), int.from_bytes(data[i + 7 : i + 9], "big")
         i += 2 + length
     return None
 
@@ -78,8 +82,10 @@ def read_image(path: str, max_pixels: int, long_side: int | None) -> tuple[np.nd
     data = Path(path).read_bytes()
     stored = header_size(data)
     if stored and stored[0] * stored[1] > max_pixels:
-        raise ValueError(f"too large: the header says {stored[0]}x{stored[1]} = "
-                         f"{stored[0] * stored[1] / 1e6:.0f} MP, above --max-image-pixels={max_pixels}; not decoded")
+        raise ValueError(
+            f"too large: the header says {stored[0]}x{stored[1]} = "
+            f"{stored[0] * stored[1] / 1e6:.0f} MP, above --max-image-pixels={max_pixels}; not decoded"
+        )
     reduction = 1
     if long_side and stored and data[:2] == b"\xff\xd8":
         for factor in (8, 4, 2):
@@ -114,8 +120,9 @@ def bilinear_uint8(image: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     return out[0].permute(1, 2, 0).contiguous().numpy()
 
 
-def preprocess(path: str, resize: dict, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-               ) -> tuple[np.ndarray, tuple[int, int], tuple[float, float]]:
+def preprocess(
+    path: str, resize: dict, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[np.ndarray, tuple[int, int], tuple[float, float]]:
     """The model's input for one file, as validation made it (``resize``: model.json's
     ``input.resize``), its stored (h, w) and the (y, x) scales from stored to input pixels."""
     kind = resize["kind"]
@@ -135,8 +142,9 @@ def preprocess(path: str, resize: dict, max_pixels: int = DEFAULT_MAX_IMAGE_PIXE
     elif kind == "fixed":
         hw = (resize["height"], resize["width"])
     else:
-        raise ValueError(f"model.json: unknown input.resize kind {kind!r} (this predict.py knows letterbox, "
-                         "shortest_side, fixed)")
+        raise ValueError(
+            f"model.json: unknown input.resize kind {kind!r} (this predict.py knows letterbox, shortest_side, fixed)"
+        )
     image = bilinear_uint8(image, hw)
     scale = (float(np.float32(hw[0]) / np.float32(h)), float(np.float32(hw[1]) / np.float32(w)))
     return image.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0), orig, scale
@@ -151,9 +159,11 @@ def load_runner(model_path: str, device: str = "cpu"):
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         session = ort.InferenceSession(model_path, providers=providers)
         if device == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
-            raise RuntimeError(f"--device cuda: onnxruntime {ort.__version__} runs this model on "
-                               f"{session.get_providers()} (available: {ort.get_available_providers()}); "
-                               "install onnxruntime-gpu built for this host's CUDA")
+            raise RuntimeError(
+                f"--device cuda: onnxruntime {ort.__version__} runs this model on "
+                f"{session.get_providers()} (available: {ort.get_available_providers()}); "
+                "install onnxruntime-gpu built for this host's CUDA"
+            )
         sys.stderr.write(f"onnxruntime provider: {session.get_providers()[0]}\n")
         name = session.get_inputs()[0].name
         outputs = [o.name for o in session.get_outputs()]
@@ -161,6 +171,7 @@ def load_runner(model_path: str, device: str = "cpu"):
         def run(x):
             out = dict(zip(outputs, session.run(None, {name: x})))
             return out["boxes"], out["labels"], out["scores"]
+
         return run
     import torch
     import torchvision  # noqa: F401  (registers the ops the scripted detector calls: nms, roi_align)
@@ -173,6 +184,7 @@ def load_runner(model_path: str, device: str = "cpu"):
             out = model([torch.from_numpy(x).to(device)])
         out = out[1] if isinstance(out, tuple) else out  # scripted detectors return (losses, detections)
         return tuple(out[0][k].cpu().numpy() for k in ("boxes", "labels", "scores"))
+
     return run
 
 
@@ -184,8 +196,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--score", type=float, default=0.0)
     p.add_argument("--out", help="write the JSON here instead of printing it")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
-    p.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS,
-                   help="skip, undecoded, an image whose header says it has more pixels (default %(default)s)")
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="skip, undecoded, an image whose header says it has more pixels (default %(default)s)",
+    )
     args = p.parse_args(argv)
     meta = json.loads(Path(args.meta or Path(args.model).with_name("model.json")).read_text())
     spec = meta["input"]
@@ -208,8 +224,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             x0, x1 = min(max(x0, 0.0), w), min(max(x1, 0.0), w)
             y0, y1 = min(max(y0, 0.0), h), min(max(y1, 0.0), h)
             category = categories[int(label)]
-            results.append({"file": path, "bbox": [x0, y0, x1 - x0, y1 - y0], "category_id": category["id"],
-                            "category": category["name"], "score": float(score)})
+            results.append(
+                {
+                    "file": path,
+                    "bbox": [x0, y0, x1 - x0, y1 - y0],
+                    "category_id": category["id"],
+                    "category": category["name"],
+                    "score": float(score),
+                }
+            )
     text = json.dumps(results)
     if args.out:
         Path(args.out).write_text(text)

@@ -49,7 +49,7 @@ class EpochBatchSampler(torch.utils.data.Sampler):
             for start in range(skip * self.batch_size, len(keys), self.batch_size):
                 if self._end is not None and (epoch, start // self.batch_size) >= self._end:
                     return
-                yield from self._split(keys[start:start + self.batch_size], start + self.batch_size >= len(keys))
+                yield from self._split(keys[start : start + self.batch_size], start + self.batch_size >= len(keys))
             if not self.across_epochs:
                 return
             epoch, skip = epoch + 1, 0
@@ -58,4 +58,4 @@ class EpochBatchSampler(torch.utils.data.Sampler):
         n = -(-len(batch) // self.part_size)
         for k in range(n):
             part = (k, n) if n > 1 else ()
-            yield BatchKeys(batch[k * self.part_size:(k + 1) * self.part_size], part, epoch_end and k == n - 1)
+            yield BatchKeys(batch[k * self.part_size : (k + 1) * self.part_size], part, epoch_end and k == n - 1)

@@ -6,18 +6,24 @@ import torch.utils.data
 
 from cocodet.loader.batch_sampler import EpochBatchSampler
 from cocodet.loader.epoch_loader import EpochLoader, ResumableLoader
+from cocodet.loader.failures.replan import Replanner
 from cocodet.loader.flat_batch import Collate
 from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.worker import worker_init_fn
 
-from cocodet.loader.failures.replan import Replanner
 
-
-def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sampler, batch_size: int,
-                 plan: LoaderPlan, position: StreamPosition | None = None, across_epochs: bool = False,
-                 replanner: Replanner | None = None, stage: str = "",
-                 start: tuple[int, int] | None = None) -> torch.utils.data.DataLoader:
+def build_loader(
+    dataset: torch.utils.data.Dataset,
+    sampler: torch.utils.data.Sampler,
+    batch_size: int,
+    plan: LoaderPlan,
+    position: StreamPosition | None = None,
+    across_epochs: bool = False,
+    replanner: Replanner | None = None,
+    stage: str = "",
+    start: tuple[int, int] | None = None,
+) -> torch.utils.data.DataLoader:
     """FlatBatch collate, worker hygiene and the plan's worker settings; batches never mix
     epochs because the sampler's keys carry them (design §5). When the plan ships batches in
     parts (``plan.part_images``), workers build parts and the loader joins them. With
@@ -31,9 +37,16 @@ def build_loader(dataset: torch.utils.data.Dataset, sampler: torch.utils.data.Sa
     batch_sampler = EpochBatchSampler(sampler, batch_size, batch_size, across_epochs)
     if start is not None:
         batch_sampler.start_at(*start)
-    kwargs = dict(batch_sampler=batch_sampler, collate_fn=Collate(), worker_init_fn=worker_init_fn, plan=plan,
-                  replanner=replanner, stage=stage, across_epochs=across_epochs,
-                  **plan.for_stage(stage).dataloader_kwargs())
+    kwargs = dict(
+        batch_sampler=batch_sampler,
+        collate_fn=Collate(),
+        worker_init_fn=worker_init_fn,
+        plan=plan,
+        replanner=replanner,
+        stage=stage,
+        across_epochs=across_epochs,
+        **plan.for_stage(stage).dataloader_kwargs(),
+    )
     if position is not None:
         return ResumableLoader(dataset, position=position, **kwargs)
     return EpochLoader(dataset, **kwargs)

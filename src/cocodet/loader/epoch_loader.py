@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import torch.utils.data
 
-from cocodet.loader.part_joiner import PartJoiner
 from cocodet.loader.failures.hang import watchdog
-from cocodet.loader.plan.records import LoaderPlan
-from cocodet.loader.stream_position import StreamPosition
+from cocodet.loader.failures.replan import Replanner
 from cocodet.loader.failures.worker_deaths import fetching
 from cocodet.loader.failures.worker_shutdown import shut_down_workers
-
-from cocodet.loader.failures.replan import Replanner
+from cocodet.loader.part_joiner import PartJoiner
+from cocodet.loader.plan.records import LoaderPlan
+from cocodet.loader.stream_position import StreamPosition
 
 
 class EpochLoader(torch.utils.data.DataLoader):
@@ -34,8 +33,15 @@ class EpochLoader(torch.utils.data.DataLoader):
     (``worker_deaths``), never in the middle of a training step.
     """
 
-    def __init__(self, *args, plan: LoaderPlan, replanner: Replanner | None = None, stage: str = "",
-                 across_epochs: bool = False, **kwargs):
+    def __init__(
+        self,
+        *args,
+        plan: LoaderPlan,
+        replanner: Replanner | None = None,
+        stage: str = "",
+        across_epochs: bool = False,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self._stream = _Stream()
         self.replanner, self.stage, self._across_asked = replanner, stage, across_epochs

@@ -24,8 +24,16 @@ class EpochSampler(torch.utils.data.Sampler):
     the batch sampler (``EpochBatchSampler.start_at``), which skips whole batches of these keys.
     """
 
-    def __init__(self, size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1,
-                 pool: int | None = 0, window: int = 0):
+    def __init__(
+        self,
+        size: int,
+        seed: int,
+        shuffle: bool,
+        rank: int = 0,
+        world_size: int = 1,
+        pool: int | None = 0,
+        window: int = 0,
+    ):
         self.size, self.seed, self.shuffle, self.pool, self.window = size, seed, shuffle, pool, window
         self.rank, self.world_size, self.epoch = rank, world_size, 0
 
@@ -50,6 +58,6 @@ class EpochSampler(torch.utils.data.Sampler):
                 yield SampleKey(epoch, int(i))
             return
         for p in range(-(-len(mine) // self.pool)):
-            pool = tuple(int(j) for j in mine[p * self.pool:(p + 1) * self.pool])
+            pool = tuple(int(j) for j in mine[p * self.pool : (p + 1) * self.pool])
             for i in pool:
                 yield SampleKey(epoch, i, pool=pool)

@@ -38,6 +38,7 @@ from cocodet.loader.shm_pool import BufferPool
 
 _PAD, _DECODES, _COLLATE = (STATS_COLUMNS.index(c) for c in ("pad_share", "decodes", "collate_s"))
 
+
 class FlatBatch(NamedTuple):
     images: torch.Tensor
     image_sizes: torch.Tensor
@@ -51,7 +52,6 @@ class FlatBatch(NamedTuple):
     part: tuple = ()
     epoch_end: bool = False
     lease: object = None
-
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -136,13 +136,13 @@ def flatten(samples: list[dict], pool: BufferPool | None = None) -> FlatBatch:
         # about 10x faster than a strided torch copy of the permuted image.
         cv2.split(np.ascontiguousarray(s["image"]), [planes[k, c, : hs[k], : ws[k]] for c in range(3)])
         if lease is not None and (hs[k] < shape[2] or ws[k] < shape[3]):  # a reused buffer's old pixels
-            planes[k, :, hs[k]:] = 0
-            planes[k, :, : hs[k], ws[k]:] = 0
+            planes[k, :, hs[k] :] = 0
+            planes[k, :, : hs[k], ws[k] :] = 0
     counts = [len(s["labels"]) for s in samples]
     boxes = np.concatenate([np.asarray(s["boxes"], np.float32).reshape(-1, 4) for s in samples])
     labels = np.concatenate([np.asarray(s["labels"], np.int64).reshape(-1) for s in samples])
     stats = np.zeros((b, len(STATS_COLUMNS)), dtype=np.float64)
-    stats[:, :len(STAGE_COLUMNS)] = [s["stage_seconds"] for s in samples]
+    stats[:, : len(STAGE_COLUMNS)] = [s["stage_seconds"] for s in samples]
     stats[:, _PAD] = [s["pad_share"] for s in samples]
     stats[:, _DECODES] = [s.get("decodes", 0) for s in samples]
     stats[:, _COLLATE] = (time.perf_counter() - t0) / b
@@ -152,8 +152,9 @@ def flatten(samples: list[dict], pool: BufferPool | None = None) -> FlatBatch:
         boxes=_from_numpy(boxes, torch.float32),
         labels=_from_numpy(labels, torch.int64),
         box_counts=_from_numpy(np.array(counts, np.int64), torch.int64),
-        sample_keys=_from_numpy(np.array([(*s["key"], s["image_id"]) for s in samples], np.int64).reshape(b, 3),
-                                torch.int64),
+        sample_keys=_from_numpy(
+            np.array([(*s["key"], s["image_id"]) for s in samples], np.int64).reshape(b, 3), torch.int64
+        ),
         to_original=_from_numpy(np.stack([s["to_original"] for s in samples]).astype(np.float32), torch.float32),
         sample_stats=_from_numpy(stats, torch.float64),
         skipped=tuple(r for s in samples for r in s["skipped"]),
@@ -178,8 +179,13 @@ def restore(flat: FlatBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.T
     labels = torch.split(flat.labels, counts)
     out_images = [images[k, :, :h, :w] for k, (h, w) in enumerate(sizes)]
     targets = [
-        {"boxes": boxes[k], "labels": labels[k], "image_id": flat.sample_keys[k, 2], "sample_key": flat.sample_keys[k, :2],
-         "to_original": flat.to_original[k]}
+        {
+            "boxes": boxes[k],
+            "labels": labels[k],
+            "image_id": flat.sample_keys[k, 2],
+            "sample_key": flat.sample_keys[k, :2],
+            "to_original": flat.to_original[k],
+        }
         for k in range(len(sizes))
     ]
     return out_images, targets

@@ -53,7 +53,7 @@ def grouped_batches(order: np.ndarray, groups: np.ndarray, aspect: np.ndarray, b
             batches.append(np.array(batch, np.int64))
             open_batches[int(groups[i])] = []
     rest = sorted((i for g in sorted(open_batches) for i in open_batches[g]), key=lambda i: aspect[i])
-    batches += [np.array(rest[s:s + batch_size], np.int64) for s in range(0, len(rest), batch_size)]
+    batches += [np.array(rest[s : s + batch_size], np.int64) for s in range(0, len(rest), batch_size)]
     return batches
 
 

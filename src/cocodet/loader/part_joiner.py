@@ -32,7 +32,7 @@ class PartJoiner:
         if images.shape[2:] != self._images.shape[2:]:  # a part padded to another size: grow to fit both
             self._images = _pad_to(self._images, images.shape[2], images.shape[3], self._filled)
             images = _pad_to(images, self._images.shape[2], self._images.shape[3], images.shape[0])
-        self._images[self._filled:self._filled + images.shape[0]].copy_(images)
+        self._images[self._filled : self._filled + images.shape[0]].copy_(images)
         self._filled += images.shape[0]
         # The small tensors are cloned too, which releases the part's shm segments and fds now.
         self._rest.append(part._replace(images=torch.empty(0), **{f: getattr(part, f).clone() for f in _SMALL}))
@@ -40,8 +40,12 @@ class PartJoiner:
             return None
         parts, images, filled = self._rest, self._images, self._filled
         self._images, self._filled, self._rest = None, 0, []
-        return FlatBatch(images=images[:filled], skipped=tuple(r for p in parts for r in p.skipped),
-                         epoch_end=part.epoch_end, **{f: torch.cat([getattr(p, f) for p in parts]) for f in _SMALL})
+        return FlatBatch(
+            images=images[:filled],
+            skipped=tuple(r for p in parts for r in p.skipped),
+            epoch_end=part.epoch_end,
+            **{f: torch.cat([getattr(p, f) for p in parts]) for f in _SMALL},
+        )
 
 
 _SMALL = ("image_sizes", "boxes", "labels", "box_counts", "sample_keys", "to_original", "sample_stats")

@@ -100,8 +100,11 @@ class BufferPool:
         entry = self._free_entry()
         if entry is None:  # the main process holds a lease on every entry: nothing is pooled
             return alloc(shape), None
-        reusable = [k for k, (buffer, last) in enumerate(self.pooled)
-                    if self.board[last] == _FREE and numel <= buffer.numel() <= 2 * numel]
+        reusable = [
+            k
+            for k, (buffer, last) in enumerate(self.pooled)
+            if self.board[last] == _FREE and numel <= buffer.numel() <= 2 * numel
+        ]
         if reusable:
             buffer, _ = self.pooled.pop(reusable[0])
             images = buffer.view(-1)[:numel].view(shape)

@@ -5,8 +5,9 @@ GETs for an epoch that never runs."""
 from __future__ import annotations
 
 
-def stream_end(batches_per_epoch: int, stream_batches: tuple[int, int] | None,
-               max_epochs: int | None) -> tuple[int, int] | None:
+def stream_end(
+    batches_per_epoch: int, stream_batches: tuple[int, int] | None, max_epochs: int | None
+) -> tuple[int, int] | None:
     """(epoch, batch) the stream ends before: ``stream_batches`` = (batches from epoch 0, at
     least these whole epochs) where a caller set it (the bench), else the trainer's
     ``max_epochs``; None when unbounded."""
@@ -18,8 +19,14 @@ def stream_end(batches_per_epoch: int, stream_batches: tuple[int, int] | None,
     return None
 
 
-def samples_left(end: tuple[int, int] | None, batches_per_epoch: int, limit_train_batches, epoch: int,
-                 start_batch: int, batch_size: int) -> int | None:
+def samples_left(
+    end: tuple[int, int] | None,
+    batches_per_epoch: int,
+    limit_train_batches,
+    epoch: int,
+    start_batch: int,
+    batch_size: int,
+) -> int | None:
     """Samples the run takes from batch ``start_batch`` of ``epoch`` to ``end``, each epoch cut to
     ``limit_train_batches`` (Lightning's: a count, or a fraction below 1); None when unbounded."""
     if end is None:
@@ -32,15 +39,19 @@ def samples_left(end: tuple[int, int] | None, batches_per_epoch: int, limit_trai
     return max(0, (end[0] * batches + end[1] - (epoch * batches + start_batch)) * batch_size)
 
 
-def trainer_stream_end(trainer, stream_batches: tuple[int, int] | None, batches_per_epoch: int) -> tuple[int, int] | None:
+def trainer_stream_end(
+    trainer, stream_batches: tuple[int, int] | None, batches_per_epoch: int
+) -> tuple[int, int] | None:
     """:func:`stream_end` for a datamodule, attached to ``trainer`` or not."""
     return stream_end(batches_per_epoch, stream_batches, trainer.max_epochs if trainer is not None else None)
 
 
-def read_ahead_span(trainer, stream_batches, samples_per_epoch: int, batch_size: int, epoch: int,
-                    start_batch: int) -> int | None:
+def read_ahead_span(
+    trainer, stream_batches, samples_per_epoch: int, batch_size: int, epoch: int, start_batch: int
+) -> int | None:
     """Samples a datamodule's train stream takes from where it starts (the read-ahead's end)."""
     batches = -(-samples_per_epoch // batch_size)
     limit = trainer.limit_train_batches if trainer is not None and stream_batches is None else None
-    return samples_left(trainer_stream_end(trainer, stream_batches, batches), batches, limit, epoch, start_batch,
-                        batch_size)
+    return samples_left(
+        trainer_stream_end(trainer, stream_batches, batches), batches, limit, epoch, start_batch, batch_size
+    )

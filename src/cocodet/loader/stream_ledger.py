@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cocodet.loader.stream_position import StreamPosition
 from cocodet.loader.flat_batch import FlatBatch, chain_stream_digest
+from cocodet.loader.stream_position import StreamPosition
 
 
 class StreamLedger:
@@ -21,8 +21,9 @@ class StreamLedger:
         batch_size, seed: what a saved position must match to continue exactly.
     """
 
-    def __init__(self, batch_size: int, seed: int, group_aspect_ratio: int | None = None,
-                 partner_window: int | None = None):
+    def __init__(
+        self, batch_size: int, seed: int, group_aspect_ratio: int | None = None, partner_window: int | None = None
+    ):
         self.batch_size, self.seed, self.group_aspect_ratio = batch_size, seed, group_aspect_ratio
         self.partner_window = partner_window
         self.position: StreamPosition | None = None
@@ -33,8 +34,9 @@ class StreamLedger:
     def start(self, world_size: int) -> StreamPosition:
         """The position, created at the first loader of a run that did not resume."""
         if self.position is None:
-            self.position = StreamPosition(self.batch_size, self.seed, world_size, self.group_aspect_ratio,
-                                           self.partner_window)
+            self.position = StreamPosition(
+                self.batch_size, self.seed, world_size, self.group_aspect_ratio, self.partner_window
+            )
         return self.position
 
     def consume(self, batch: FlatBatch, epoch: int) -> None:
@@ -64,8 +66,9 @@ class StreamLedger:
     def load_state_dict(self, state: dict, rank: int, world_size: int) -> None:
         """Restore what a checkpoint saved (before the train loader is built)."""
         if state.get("position"):
-            self.position = StreamPosition(self.batch_size, self.seed, world_size, self.group_aspect_ratio,
-                                           self.partner_window)
+            self.position = StreamPosition(
+                self.batch_size, self.seed, world_size, self.group_aspect_ratio, self.partner_window
+            )
             self.position.load_state_dict(state["position"])  # refuses another rank count
             self.resume_pending = True
             self.resume_next_epoch = bool(state["position"].get("epoch_done"))
@@ -98,6 +101,11 @@ class StreamLedger:
         for epoch in sorted({e for r in ranks for e in r["consumed"]}):
             indices = np.concatenate([r["consumed"].get(epoch, np.empty(0, np.int64)) for r in ranks])
             taken, unique = taken + len(indices), unique + len(np.unique(indices))
-        return {"world_size": world_size, "train_images": train_images, "train_consumed": taken,
-                "train_unique": unique, "train_padded": taken - unique,
-                "stream_digests": [r["digest"] for r in ranks]}
+        return {
+            "world_size": world_size,
+            "train_images": train_images,
+            "train_consumed": taken,
+            "train_unique": unique,
+            "train_padded": taken - unique,
+            "stream_digests": [r["digest"] for r in ranks],
+        }

@@ -34,14 +34,18 @@ def load_checkpoint(path: str, weights_only: bool, option: str = "ckpt_path") ->
         if weights_only and "Weights only load failed" in text:
             wanted = re.search(r"GLOBAL ([\w.]+)", text)
             what = f"the global {wanted.group(1)}" if wanted else "objects beyond tensors and plain containers"
-            raise CheckpointError(f"{path} was refused: loading it needs {what}, which could run code. If you trust "
-                                  "the file, load it with weights_only=false") from None
+            raise CheckpointError(
+                f"{path} was refused: loading it needs {what}, which could run code. If you trust "
+                "the file, load it with weights_only=false"
+            ) from None
         raise CheckpointError(f"{path} is not a torch checkpoint ({_first_line(e)})") from None
     except Exception as e:  # noqa: BLE001 - junk bytes fail anywhere in torch's readers (KeyError, IndexError, ...)
         raise CheckpointError(f"{path} is not a torch checkpoint ({type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(checkpoint, dict):
-        raise CheckpointError(f"{path} is not a training checkpoint (it holds a {type(checkpoint).__name__}, "
-                              "not a dict with a state_dict)")
+        raise CheckpointError(
+            f"{path} is not a training checkpoint (it holds a {type(checkpoint).__name__}, "
+            "not a dict with a state_dict)"
+        )
     return checkpoint
 
 

@@ -44,8 +44,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # the file a resume or mode=eval reads stays the last finite state (design §12).
         bad = nonfinite_tensors({k: checkpoint.get(k) for k in ("state_dict", "current_model_state")})
         if bad:
-            log.warning("not writing checkpoint %s: %d tensors are not finite (%s); the previous file stays", path,
-                        len(bad), ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""))
+            log.warning(
+                "not writing checkpoint %s: %d tensors are not finite (%s); the previous file stays",
+                path,
+                len(bad),
+                ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""),
+            )
             self.refused = {"path": str(path), "step": checkpoint.get("global_step"), "tensors": bad}
             return
         self._write(checkpoint, path, storage_options)
@@ -88,10 +92,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def disk_full_message(target: Path) -> str:
     usage = shutil.disk_usage(target.parent)
     kept = f"the previous {target.name} is intact" if target.exists() else f"no earlier {target.name} existed"
-    return (f"no space left on device saving checkpoint {target.name} in {target.parent} ({mib(usage.free)} free "
-            f"of {mib(usage.total)}); {kept}. Free space there or point the checkpoint callbacks' dirpath "
-            "(callbacks.last_checkpoint.dirpath, callbacks.model_checkpoint.dirpath) at a larger disk, then resume "
-            "with ckpt_path=<that folder>/last.ckpt")
+    return (
+        f"no space left on device saving checkpoint {target.name} in {target.parent} ({mib(usage.free)} free "
+        f"of {mib(usage.total)}); {kept}. Free space there or point the checkpoint callbacks' dirpath "
+        "(callbacks.last_checkpoint.dirpath, callbacks.model_checkpoint.dirpath) at a larger disk, then resume "
+        "with ckpt_path=<that folder>/last.ckpt"
+    )
 
 
 def nonfinite_tensors(state: dict) -> list[str]:

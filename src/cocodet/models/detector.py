@@ -49,11 +49,22 @@ class DetectorModule(CocoValidation, L.LightningModule):
             optimizer's ``lr`` as configured.
     """
 
-    def __init__(self, detector: partial, image_size: int, optimizer: partial, val_ann_file: str,
-                 category_ids: list[int], scheduler: partial | None = None, scheduler_interval: str = "step",
-                 eval_max_images: int | None = None, eval_backend: str = DEFAULT_BACKEND,
-                 health: dict | None = None, ema: dict | None = None, loader_resizes: bool = False,
-                 lr_scaling: dict | None = None):
+    def __init__(
+        self,
+        detector: partial,
+        image_size: int,
+        optimizer: partial,
+        val_ann_file: str,
+        category_ids: list[int],
+        scheduler: partial | None = None,
+        scheduler_interval: str = "step",
+        eval_max_images: int | None = None,
+        eval_backend: str = DEFAULT_BACKEND,
+        health: dict | None = None,
+        ema: dict | None = None,
+        loader_resizes: bool = False,
+        lr_scaling: dict | None = None,
+    ):
         super().__init__()
         # The dataset, model and augment groups this run was built from (plain values; set by the
         # wiring, which has them): kept in every checkpoint under RUN_CONFIG_KEY, so that
@@ -104,8 +115,11 @@ class DetectorModule(CocoValidation, L.LightningModule):
             self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, batch_size=bs)
             self.log("train/loss", loss.detach(), prog_bar=True, batch_size=bs)
         if stop:
-            raise TrainingStopped(self.health.stop_reason or "collapse found on another rank (its log has the "
-                                  "warning); model.health.on_collapse=stop", "collapsed")
+            raise TrainingStopped(
+                self.health.stop_reason
+                or "collapse found on another rank (its log has the warning); model.health.on_collapse=stop",
+                "collapsed",
+            )
         return loss
 
     def learning_rate(self) -> float:
@@ -144,8 +158,9 @@ class DetectorModule(CocoValidation, L.LightningModule):
             self.health.window.note_gradients()
         lr = self.learning_rate()
         if self.health.end_window(self.global_step, self.current_epoch, lr):
-            drop_gradients(optimizer, unscaled_by_the_optimizer=scaler is not None and
-                           _optimizer_handles_unscaling(optimizer))
+            drop_gradients(
+                optimizer, unscaled_by_the_optimizer=scaler is not None and _optimizer_handles_unscaling(optimizer)
+            )
             if self.health.consecutive >= self.health.config.max_nonfinite_steps:
                 self._window_buffers.restore()  # the checkpoint this stop may write holds the last good state
                 raise TrainingStopped(self.health.diverged_message(lr), "diverged")
@@ -162,8 +177,7 @@ class DetectorModule(CocoValidation, L.LightningModule):
         scaler = self._scaler()
         scale_before = float(scaler.get_scale()) if scaler is not None else None
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if (scaler is not None and not self.health.last_step_skipped
-                and float(scaler.get_scale()) < scale_before):
+        if scaler is not None and not self.health.last_step_skipped and float(scaler.get_scale()) < scale_before:
             self.health.amp_skip()
         if self.health.last_step_skipped:
             self._window_buffers.restore()
@@ -194,8 +208,7 @@ class DetectorModule(CocoValidation, L.LightningModule):
             # Skipped steps (the health check's and the fp16 scaler's) did not advance the
             # schedule (lr_scheduler_step), nor do they here.
             taken = checkpoint["global_step"] - self.health.skipped - self.health.amp_skipped
-            step = (taken if self.scheduler_interval == "step"
-                    else checkpoint["epoch"])
+            step = taken if self.scheduler_interval == "step" else checkpoint["epoch"]
             self._resume_position = int(step)
             checkpoint["lr_schedulers"] = []
 
@@ -203,10 +216,18 @@ class DetectorModule(CocoValidation, L.LightningModule):
         from cocodet.models.optimization import build_optimization
 
         params = [p for p in self.parameters() if p.requires_grad]
-        built = build_optimization(params, self.optimizer_factory, self.scheduler_factory, self.scheduler_interval,
-                                   self._trainer, self.lr_scaling)
+        built = build_optimization(
+            params,
+            self.optimizer_factory,
+            self.scheduler_factory,
+            self.scheduler_interval,
+            self._trainer,
+            self.lr_scaling,
+        )
         self.lr_record, self._warmup_end = built.record, built.warmup_end
         if built.scheduler is None:
             return built.optimizer
-        return {"optimizer": built.optimizer, "lr_scheduler": {"scheduler": built.scheduler,
-                                                               "interval": self.scheduler_interval}}
+        return {
+            "optimizer": built.optimizer,
+            "lr_scheduler": {"scheduler": built.scheduler, "interval": self.scheduler_interval},
+        }

@@ -42,8 +42,10 @@ def backend_classes(name: str) -> tuple[type, type]:
         return COCO, COCOeval
     except ImportError as e:
         other = "pycocotools" if name == "faster" else "faster"
-        raise EvalBackendError(f"model.eval_backend={name}: importing it failed ({type(e).__name__}: {e}); "
-                               f"reinstall requirements.txt, or use model.eval_backend={other}") from None
+        raise EvalBackendError(
+            f"model.eval_backend={name}: importing it failed ({type(e).__name__}: {e}); "
+            f"reinstall requirements.txt, or use model.eval_backend={other}"
+        ) from None
 
 
 def load_ground_truth(ann_file: str | Path, backend: str = DEFAULT_BACKEND):
@@ -71,32 +73,40 @@ def to_original_frame(boxes: np.ndarray, to_original: np.ndarray) -> np.ndarray:
 RESULT_DECIMALS = 4
 
 
-def detections_to_coco(image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray,
-                       category_ids: np.ndarray) -> list[dict]:
+def detections_to_coco(
+    image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray, category_ids: np.ndarray
+) -> list[dict]:
     """One COCO result record per detection (bbox as x, y, w, h, rounded to RESULT_DECIMALS)."""
     xywh = boxes_xyxy.copy()
     xywh[:, 2:] -= xywh[:, :2]
     return [
-        {"image_id": int(image_id), "category_id": int(c), "bbox": [round(float(v), RESULT_DECIMALS) for v in b],
-         "score": float(s)}
+        {
+            "image_id": int(image_id),
+            "category_id": int(c),
+            "bbox": [round(float(v), RESULT_DECIMALS) for v in b],
+            "score": float(s),
+        }
         for b, s, c in zip(xywh, scores, category_ids)
     ]
 
 
-def coco_results(output: dict, target: dict, category_ids: np.ndarray,
-                 score_threshold: float | None = None) -> list[dict]:
+def coco_results(
+    output: dict, target: dict, category_ids: np.ndarray, score_threshold: float | None = None
+) -> list[dict]:
     """One image's detections as COCO results, for validation and ``mode=predict`` alike: the
     model's ``output`` (boxes, scores, labels 1..K) kept at ``score_threshold`` (None: all),
     boxes mapped back to the stored image by ``target["to_original"]``, labels to the original
     ``category_ids`` (of labels 1..K)."""
     boxes, scores, categories = kept_detections(output, category_ids, score_threshold)
     image_id = int(target["image_id"])
-    return detections_to_coco(image_id, to_original_frame(boxes, target["to_original"].cpu().numpy()), scores,
-                              categories)
+    return detections_to_coco(
+        image_id, to_original_frame(boxes, target["to_original"].cpu().numpy()), scores, categories
+    )
 
 
-def kept_detections(output: dict, category_ids: np.ndarray,
-                    score_threshold: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def kept_detections(
+    output: dict, category_ids: np.ndarray, score_threshold: float | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """An output's (boxes in the model's input frame, scores, original category ids), label 0
     dropped (FCOS and RetinaNet score it too; it is background here and has no COCO id) and,
     with ``score_threshold``, the detections scoring below it."""
@@ -105,12 +115,16 @@ def kept_detections(output: dict, category_ids: np.ndarray,
         keep = keep & (output["scores"] >= score_threshold)
     keep = keep.cpu().numpy()
     labels = output["labels"].cpu().numpy()[keep]
-    return (output["boxes"].float().cpu().numpy()[keep], output["scores"].float().cpu().numpy()[keep],
-            category_ids[labels - 1])
+    return (
+        output["boxes"].float().cpu().numpy()[keep],
+        output["scores"].float().cpu().numpy()[keep],
+        category_ids[labels - 1],
+    )
 
 
-def evaluate(gt, results: list[dict], image_ids: list[int] | None = None,
-             backend: str = DEFAULT_BACKEND) -> dict[str, float]:
+def evaluate(
+    gt, results: list[dict], image_ids: list[int] | None = None, backend: str = DEFAULT_BACKEND
+) -> dict[str, float]:
     """Run COCOeval (bbox) with ``backend`` (``gt`` loaded by the same one) and return the twelve
     standard numbers (ALL_STAT_NAMES), the printed report, and the COCOeval object
     (``coco_eval``, for per-category tables); zeros and None when nothing was detected."""
@@ -127,7 +141,7 @@ def evaluate(gt, results: list[dict], image_ids: list[int] | None = None,
         ev.summarize()
     # As COCOeval reports them: -1 where the split has no ground truth in that area range (a
     # dataset without small objects), not 0, which would read as a model failing on them.
-    stats = {name: float(v) for name, v in zip(ALL_STAT_NAMES, ev.stats[:len(ALL_STAT_NAMES)])}
+    stats = {name: float(v) for name, v in zip(ALL_STAT_NAMES, ev.stats[: len(ALL_STAT_NAMES)])}
     stats["report"] = text.getvalue()
     stats["coco_eval"] = ev
     return stats
@@ -142,9 +156,14 @@ def per_category_ap(ev, names: dict[int, str]) -> list[dict]:
         p = precision[:, :, k, 0, -1]
         valid = p[p > -1]
         p50 = p[0][p[0] > -1]
-        rows.append({"category_id": int(cat_id), "name": names.get(int(cat_id), str(cat_id)),
-                     "ap": round(float(valid.mean()), 4) if valid.size else None,
-                     "ap50": round(float(p50.mean()), 4) if p50.size else None})
+        rows.append(
+            {
+                "category_id": int(cat_id),
+                "name": names.get(int(cat_id), str(cat_id)),
+                "ap": round(float(valid.mean()), 4) if valid.size else None,
+                "ap50": round(float(p50.mean()), 4) if p50.size else None,
+            }
+        )
     return sorted(rows, key=lambda r: -1.0 if r["ap"] is None else r["ap"], reverse=True)
 
 
@@ -159,5 +178,9 @@ def precision_recall(ev) -> dict[str, np.ndarray]:
             warnings.simplefilter("ignore", RuntimeWarning)  # a recall level no category reaches
             return np.nan_to_num(np.nanmean(masked, axis=-1))
 
-    return {"recall": np.asarray(ev.params.recThrs), "iou50": mean_over_categories(precision[0]),
-            "iou75": mean_over_categories(precision[5]), "iou50_95": mean_over_categories(precision).mean(axis=0)}
+    return {
+        "recall": np.asarray(ev.params.recThrs),
+        "iou50": mean_over_categories(precision[0]),
+        "iou75": mean_over_categories(precision[5]),
+        "iou50_95": mean_over_categories(precision).mean(axis=0),
+    }

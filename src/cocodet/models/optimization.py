@@ -25,8 +25,14 @@ class Optimization:
     record: dict = field(default_factory=dict)  # global_batch and effective_lr (the peak rate), for summary.json
 
 
-def build_optimization(params, optimizer_factory: partial, scheduler_factory: partial | None, interval: str,
-                       trainer, lr_scaling: dict | None) -> Optimization:
+def build_optimization(
+    params,
+    optimizer_factory: partial,
+    scheduler_factory: partial | None,
+    interval: str,
+    trainer,
+    lr_scaling: dict | None,
+) -> Optimization:
     """``trainer``: the run's (None outside one: no scaling, no schedule, nothing to size it by)."""
     record, scaled = scaled_lr(trainer, lr_scaling)
     optimizer = optimizer_factory(params=params, **scaled)
@@ -44,8 +50,12 @@ def build_optimization(params, optimizer_factory: partial, scheduler_factory: pa
             kwargs["max_lr"] = scaled["lr"]
         record["effective_lr"] = float(kwargs.get("max_lr", given.get("max_lr", record["effective_lr"])))
     steps, epochs = int(trainer.estimated_stepping_batches), int(trainer.max_epochs or 1)
-    sized = {"total_steps": epochs if interval == "epoch" else steps, "T_max": epochs if interval == "epoch" else steps,
-             "epochs": epochs, "steps_per_epoch": -(-steps // epochs)}
+    sized = {
+        "total_steps": epochs if interval == "epoch" else steps,
+        "T_max": epochs if interval == "epoch" else steps,
+        "epochs": epochs,
+        "steps_per_epoch": -(-steps // epochs),
+    }
     kwargs.update({name: value for name, value in sized.items() if name in accepted and name not in given})
     scheduler = scheduler_factory(optimizer, **kwargs)
     defaults = {n: p.default for n, p in accepted.items() if p.default is not inspect.Parameter.empty}
@@ -66,9 +76,17 @@ def scaled_lr(trainer, lr_scaling: dict | None) -> tuple[dict, dict]:
 
     ref_lr, ref_batch = float(lr_scaling["reference_lr"]), int(lr_scaling["reference_batch"])
     lr = linear(ref_lr, ref_batch, global_batch)
-    log.info("learning rate scaled linearly: the reference's %g at global batch %d -> %g at this run's global batch "
-             "%d (%d rank(s) x loader.batch_size %d x accumulate_grad_batches %d)", ref_lr, ref_batch, lr,
-             global_batch, trainer.world_size, batch, accumulate)
+    log.info(
+        "learning rate scaled linearly: the reference's %g at global batch %d -> %g at this run's global batch "
+        "%d (%d rank(s) x loader.batch_size %d x accumulate_grad_batches %d)",
+        ref_lr,
+        ref_batch,
+        lr,
+        global_batch,
+        trainer.world_size,
+        batch,
+        accumulate,
+    )
     return {"global_batch": global_batch}, {"lr": lr}
 
 
@@ -87,7 +105,8 @@ def refuse_clipping_a_fused_optimizer(optimizer: torch.optim.Optimizer, trainer)
             f"{type(optimizer).__name__} with fused=true unscales its fp16 gradients inside its own step, so they "
             f"cannot be clipped first (trainer.gradient_clip_val={clip:g}, trainer.precision="
             f"{trainer.precision}): set trainer.gradient_clip_val=0 to keep the fused optimizer, or drop "
-            "model.optimizer.fused")
+            "model.optimizer.fused"
+        )
 
 
 def warmup_end_step(scheduler, factory_keywords: dict) -> int:

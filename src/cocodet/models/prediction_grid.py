@@ -21,8 +21,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from cocodet.datasets.index import CocoIndex
 from cocodet.images.decode import decode_checked
-from cocodet.storage.store import StoreError, read_bytes
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
+from cocodet.storage.store import StoreError, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,15 @@ def _stored_image(index: CocoIndex, k: int, tile_px: int, max_pixels: int) -> tu
     return image, image.shape[0] / float(index.sizes[k][0])
 
 
-def draw_tile(index: CocoIndex, k: int, detections: list[dict], tile_px: int, score_threshold: float,
-              max_boxes: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> list[np.ndarray]:
+def draw_tile(
+    index: CocoIndex,
+    k: int,
+    detections: list[dict],
+    tile_px: int,
+    score_threshold: float,
+    max_boxes: int,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> list[np.ndarray]:
     """The two panels of image k's tile, captions included: ground truth, then predictions."""
     image, to_decoded = _stored_image(index, k, tile_px, max_pixels)
     gt, image_id = index.targets(k), int(index.image_ids[k])
@@ -108,8 +115,9 @@ def draw_tile(index: CocoIndex, k: int, detections: list[dict], tile_px: int, sc
             for d in shown:
                 x, y, w, h = d["bbox"]
                 box = np.array([x, y, x + w, y + h]) * factor
-                _draw_box(panel, box, class_colour(label_of[d["category_id"]]),
-                          f"{names[d['category_id']]} {d['score']:.2f}")
+                _draw_box(
+                    panel, box, class_colour(label_of[d["category_id"]]), f"{names[d['category_id']]} {d['score']:.2f}"
+                )
             caption = f"predictions >= {score_threshold:.2f} ({len(shown)})"
         strip = np.zeros((CAPTION, tile_px, 3), np.uint8)  # black, not the gap colour: gaps stay findable
         cv2.putText(strip, caption, (4, CAPTION - 5), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (230, 230, 230), 1, cv2.LINE_AA)
@@ -117,8 +125,16 @@ def draw_tile(index: CocoIndex, k: int, detections: list[dict], tile_px: int, sc
     return panels
 
 
-def draw_grid(index: CocoIndex, detections: dict[int, list[dict]], images: int, cols: int, tile_px: int,
-              score_threshold: float, max_boxes: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray | None:
+def draw_grid(
+    index: CocoIndex,
+    detections: dict[int, list[dict]],
+    images: int,
+    cols: int,
+    tile_px: int,
+    score_threshold: float,
+    max_boxes: int,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> np.ndarray | None:
     """The RGB grid of the first ``images`` images of ``index`` that ``detections`` holds (None: none)."""
     picked = [k for k in range(len(index)) if int(index.image_ids[k]) in detections][:images]
     if not picked:
@@ -126,11 +142,12 @@ def draw_grid(index: CocoIndex, detections: dict[int, list[dict]], images: int, 
     height, width = grid_shape(len(picked), cols, tile_px)
     grid = np.full((height, width, 3), GAP_RGB, np.uint8)
     for tile, k in enumerate(picked):
-        panels = draw_tile(index, k, detections[int(index.image_ids[k])], tile_px, score_threshold, max_boxes,
-                           max_pixels)
+        panels = draw_tile(
+            index, k, detections[int(index.image_ids[k])], tile_px, score_threshold, max_boxes, max_pixels
+        )
         for p, panel in enumerate(panels):
             x, y = panel_origin(tile, p, cols, tile_px)
-            grid[y:y + panel.shape[0], x:x + tile_px] = panel
+            grid[y : y + panel.shape[0], x : x + tile_px] = panel
     return grid
 
 
@@ -146,8 +163,16 @@ class PredictionGrid(L.Callback):
         max_boxes: at most this many predictions per image, the highest scoring.
     """
 
-    def __init__(self, dirpath: str, filename: str = "val_predictions.png", images: int = 8, cols: int = 2,
-                 tile_px: int = 320, score_threshold: float = 0.3, max_boxes: int = 30):
+    def __init__(
+        self,
+        dirpath: str,
+        filename: str = "val_predictions.png",
+        images: int = 8,
+        cols: int = 2,
+        tile_px: int = 320,
+        score_threshold: float = 0.3,
+        max_boxes: int = 30,
+    ):
         self.path = Path(dirpath) / filename
         self.images, self.cols, self.tile_px = int(images), int(cols), int(tile_px)
         self.score_threshold, self.max_boxes = float(score_threshold), int(max_boxes)
@@ -158,8 +183,9 @@ class PredictionGrid(L.Callback):
         if trainer.sanity_checking or not trainer.is_global_zero or not detections or index is None:
             return
         max_pixels = getattr(trainer.datamodule, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS)
-        grid = draw_grid(index, detections, self.images, self.cols, self.tile_px, self.score_threshold,
-                         self.max_boxes, max_pixels)
+        grid = draw_grid(
+            index, detections, self.images, self.cols, self.tile_px, self.score_threshold, self.max_boxes, max_pixels
+        )
         if grid is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)

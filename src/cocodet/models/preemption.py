@@ -82,8 +82,10 @@ class PreemptionCheckpoint(L.Callback):
     def _first_interrupt(self, signum, frame) -> None:
         self.interrupted = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        log.warning("Ctrl-C: the run stops after this step, saving %s (Ctrl-C again stops at once, without it)",
-                    self.dirpath / self.FILENAME)
+        log.warning(
+            "Ctrl-C: the run stops after this step, saving %s (Ctrl-C again stops at once, without it)",
+            self.dirpath / self.FILENAME,
+        )
         os.kill(os.getpid(), signal.SIGTERM)
 
     def teardown(self, trainer, pl_module, stage):
@@ -118,15 +120,24 @@ class PreemptionCheckpoint(L.Callback):
         elif isinstance(exception, StoreDown) and not self.preempted:  # the stream stands after the last batch consumed
             self.preempted = True
             self._save(trainer)
-            log.warning("the store is down: saved %s at step %d (epoch %d)", self.saved_path, trainer.global_step,
-                        trainer.current_epoch)
+            log.warning(
+                "the store is down: saved %s at step %d (epoch %d)",
+                self.saved_path,
+                trainer.global_step,
+                trainer.current_epoch,
+            )
 
     def _save_on_sigterm(self, trainer: L.Trainer) -> None:
         if not self.preempted:
             self.preempted = True
             self._save(trainer)
-            log.warning("%s: saved %s at step %d (epoch %d)", "Ctrl-C" if self.interrupted else "SIGTERM",
-                        self.saved_path, trainer.global_step, trainer.current_epoch)
+            log.warning(
+                "%s: saved %s at step %d (epoch %d)",
+                "Ctrl-C" if self.interrupted else "SIGTERM",
+                self.saved_path,
+                trainer.global_step,
+                trainer.current_epoch,
+            )
 
 
 # checkpoint.every_n_steps=auto where a run can lose a node or be restarted. A resume point costs
@@ -176,5 +187,7 @@ def resume_line(checkpoint: Path, run_dir: Path) -> str:
     source = run_of(checkpoint)
     if source.resolve() == run_dir.resolve():
         return f"ckpt_path=last: resuming {checkpoint} in this run's folder {run_dir}"
-    return (f"ckpt_path=last: resuming run {source} from {checkpoint.name}; this run writes to {run_dir}; "
-            f"to continue in the original folder pass hydra.run.dir={source.resolve()}")
+    return (
+        f"ckpt_path=last: resuming run {source} from {checkpoint.name}; this run writes to {run_dir}; "
+        f"to continue in the original folder pass hydra.run.dir={source.resolve()}"
+    )

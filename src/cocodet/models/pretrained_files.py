@@ -22,12 +22,24 @@ from cocodet.models.checkpoint_file import CheckpointError, load_checkpoint
 
 # Each zoo model's ImageNet backbone, as its builder's weights_backbone takes it.
 BACKBONES: dict[str, tuple[str, object]] = {
-    **{name: ("resnet50", tvm.ResNet50_Weights.IMAGENET1K_V1)
-       for name in ("fasterrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn",
-                    "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn")},
-    **{name: ("mobilenet_v3_large", tvm.MobileNet_V3_Large_Weights.IMAGENET1K_V1)
-       for name in ("fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320_fpn",
-                    "ssdlite320_mobilenet_v3_large")},
+    **{
+        name: ("resnet50", tvm.ResNet50_Weights.IMAGENET1K_V1)
+        for name in (
+            "fasterrcnn_resnet50_fpn",
+            "fasterrcnn_resnet50_fpn_v2",
+            "retinanet_resnet50_fpn",
+            "retinanet_resnet50_fpn_v2",
+            "fcos_resnet50_fpn",
+        )
+    },
+    **{
+        name: ("mobilenet_v3_large", tvm.MobileNet_V3_Large_Weights.IMAGENET1K_V1)
+        for name in (
+            "fasterrcnn_mobilenet_v3_large_fpn",
+            "fasterrcnn_mobilenet_v3_large_320_fpn",
+            "ssdlite320_mobilenet_v3_large",
+        )
+    },
     "fcos_resnet18_fpn": ("resnet18", tvm.ResNet18_Weights.IMAGENET1K_V1),
     "ssd300_vgg16": ("vgg16", tvm.VGG16_Weights.IMAGENET1K_FEATURES),
 }
@@ -86,25 +98,30 @@ def _vgg16_features(state: dict, expected: dict, path: str) -> dict:
     classifier = [k for k in expected if k.startswith("classifier.")]
     present = [k for k in classifier if k in state]
     if present and all(torch.isfinite(state[k]).all() for k in present):
-        raise CheckpointError(f"model.detector.weights_backbone_path={path} is torchvision's ImageNet vgg16 "
-                              "classifier (its classifier weights are finite), trained on inputs normalised another "
-                              "way; ssd300_vgg16 takes vgg16_features (VGG16_Weights.IMAGENET1K_FEATURES, "
-                              "vgg16_features-amdegroot-88682ab5.pth, classifier NaN)")
+        raise CheckpointError(
+            f"model.detector.weights_backbone_path={path} is torchvision's ImageNet vgg16 "
+            "classifier (its classifier weights are finite), trained on inputs normalised another "
+            "way; ssd300_vgg16 takes vgg16_features (VGG16_Weights.IMAGENET1K_FEATURES, "
+            "vgg16_features-amdegroot-88682ab5.pth, classifier NaN)"
+        )
     return {**{k: torch.full(expected[k].shape, float("nan")) for k in classifier}, **state}
 
 
 def _check_fits(state: dict, expected: dict, path: str, option: str, what: str) -> None:
     """One line naming what differs; batch norm's ``num_batches_tracked`` counters are left out
     (torchvision's files predate them, and frozen batch norm drops them)."""
+
     def keys(d: dict) -> set:
         return {k for k in d if not k.endswith("num_batches_tracked")}
 
     missing, unexpected = sorted(keys(expected) - keys(state)), sorted(keys(state) - keys(expected))
     shapes = sorted(k for k in expected.keys() & state.keys() if tuple(expected[k].shape) != tuple(state[k].shape))
     if missing or unexpected or shapes:
-        raise CheckpointError(f"{option}={path} is not {what}: {len(missing)} tensors missing (e.g. {missing[:2]}), "
-                              f"{len(unexpected)} unexpected (e.g. {unexpected[:2]}), {len(shapes)} of another shape "
-                              f"(e.g. {shapes[:2]})")
+        raise CheckpointError(
+            f"{option}={path} is not {what}: {len(missing)} tensors missing (e.g. {missing[:2]}), "
+            f"{len(unexpected)} unexpected (e.g. {unexpected[:2]}), {len(shapes)} of another shape "
+            f"(e.g. {shapes[:2]})"
+        )
 
 
 def detector_state_dict(model: str, path: str) -> tuple[object, dict]:
@@ -114,11 +131,19 @@ def detector_state_dict(model: str, path: str) -> tuple[object, dict]:
 
     member = tvm.get_model_weights(model).DEFAULT if model != "fcos_resnet18_fpn" else None
     if member is None:
-        raise CheckpointError("model.detector.weights_path: fcos_resnet18_fpn has no torchvision detection file; use "
-                              "model.detector.weights_backbone_path (a resnet18 state dict)")
+        raise CheckpointError(
+            "model.detector.weights_path: fcos_resnet18_fpn has no torchvision detection file; use "
+            "model.detector.weights_backbone_path (a resnet18 state dict)"
+        )
     state = read_state_dict(path, "model.detector.weights_path")
-    expected = shapes_of(lambda: getattr(tvd, model)(weights=None, weights_backbone=None,
-                                                     num_classes=len(member.meta["categories"])))
-    _check_fits(state, expected, path, "model.detector.weights_path",
-                f"a {model} with torchvision's {len(member.meta['categories'])} COCO classes")
+    expected = shapes_of(
+        lambda: getattr(tvd, model)(weights=None, weights_backbone=None, num_classes=len(member.meta["categories"]))
+    )
+    _check_fits(
+        state,
+        expected,
+        path,
+        "model.detector.weights_path",
+        f"a {model} with torchvision's {len(member.meta['categories'])} COCO classes",
+    )
     return member, state

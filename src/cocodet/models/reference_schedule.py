@@ -27,9 +27,16 @@ class ReferenceSchedule(torch.optim.lr_scheduler.LambdaLR):
         super().__init__(optimizer, factor)
 
 
-def reference_schedule(optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int,
-                       milestones: list[int] | None = None, gamma: float = 0.1, cosine: bool = False,
-                       warmup_factor: float = 1.0 / 1000, warmup_iters: int = 1000) -> ReferenceSchedule:
+def reference_schedule(
+    optimizer: torch.optim.Optimizer,
+    steps_per_epoch: int,
+    epochs: int,
+    milestones: list[int] | None = None,
+    gamma: float = 0.1,
+    cosine: bool = False,
+    warmup_factor: float = 1.0 / 1000,
+    warmup_iters: int = 1000,
+) -> ReferenceSchedule:
     """The reference's rate factor at each optimizer step (``scheduler_interval: step``)."""
     steps_per_epoch = max(1, int(steps_per_epoch))
     warm = min(int(warmup_iters), steps_per_epoch - 1)
@@ -57,6 +64,8 @@ def lr_words(scaling: dict, batch: int, world: int, accumulate: int) -> str:
     applies the same rule from the trainer's ranks, ``models/optimization.py``)."""
     global_batch = world * batch * accumulate
     lr = scaled_lr(scaling["reference_lr"], scaling["reference_batch"], global_batch)
-    return (f"the reference's {scaling['reference_lr']:g} at global batch {scaling['reference_batch']} -> {lr:g} at "
-            f"this run's {global_batch} ({world} rank(s) x loader.batch_size {batch} x accumulate_grad_batches "
-            f"{accumulate})")
+    return (
+        f"the reference's {scaling['reference_lr']:g} at global batch {scaling['reference_batch']} -> {lr:g} at "
+        f"this run's {global_batch} ({world} rank(s) x loader.batch_size {batch} x accumulate_grad_batches "
+        f"{accumulate})"
+    )

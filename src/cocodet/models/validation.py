@@ -22,8 +22,9 @@ class CocoValidation:
     inherits first (before ``LightningModule``); they use its ``model``, ``health`` and
     ``warmup_end()``."""
 
-    def init_validation(self, val_ann_file: str, category_ids: list[int], eval_max_images: int | None,
-                        eval_backend: str) -> None:
+    def init_validation(
+        self, val_ann_file: str, category_ids: list[int], eval_max_images: int | None, eval_backend: str
+    ) -> None:
         self.val_ann_file = val_ann_file
         self.eval_max_images = eval_max_images
         self.eval_backend = schema.check("model.eval_backend", eval_backend)
@@ -72,9 +73,17 @@ class CocoValidation:
             confident = confident_count(results, self.health.config.score_threshold)
             outcome = (stats, len(by_image), repeats, confident)
             if not self.trainer.sanity_checking:
-                log.info("COCOeval (epoch %d, %d images%s, %d detections, %d scoring >= %g; %s backend):\n%s",
-                         self.current_epoch, len(by_image), f", {repeats} padded repeats removed" if repeats else "",
-                         len(results), confident, self.health.config.score_threshold, self.eval_backend, report)
+                log.info(
+                    "COCOeval (epoch %d, %d images%s, %d detections, %d scoring >= %g; %s backend):\n%s",
+                    self.current_epoch,
+                    len(by_image),
+                    f", {repeats} padded repeats removed" if repeats else "",
+                    len(results),
+                    confident,
+                    self.health.config.score_threshold,
+                    self.eval_backend,
+                    report,
+                )
         if world > 1:
             box = [outcome]
             torch.distributed.broadcast_object_list(box, src=0)
@@ -83,7 +92,9 @@ class CocoValidation:
         if not self.trainer.sanity_checking:
             self.last_metrics = stats
         # Identical on every rank: "max" reduces them to the same value exactly.
-        self.log_dict({f"val/{k}": stats[k] for k in ALL_STAT_NAMES if k != "map50"}, sync_dist=world > 1, reduce_fx="max")
+        self.log_dict(
+            {f"val/{k}": stats[k] for k in ALL_STAT_NAMES if k != "map50"}, sync_dist=world > 1, reduce_fx="max"
+        )
         self.log("val/map50", stats["map50"], prog_bar=True, sync_dist=world > 1, reduce_fx="max")
         self.log("val/confident_predictions", float(confident), sync_dist=world > 1, reduce_fx="max")
         if not self.trainer.sanity_checking and self.trainer.state.fn == "fit":  # a run's validation, not mode=eval

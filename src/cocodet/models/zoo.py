@@ -7,8 +7,8 @@ from contextlib import nullcontext
 from typing import Callable, Optional
 
 import torch
-from torch import Tensor
 import torchvision.models.detection as tvd
+from torch import Tensor
 from torchvision.models import resnet18
 from torchvision.models.detection.backbone_utils import BackboneWithFPN, _resnet_fpn_extractor
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
@@ -18,8 +18,9 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 from cocodet.models.pretrained_files import answered_from, backbone_state_dict, detector_state_dict
 
 
-def _fcos_resnet18_fpn(*, weights=None, weights_backbone=None, num_classes: int, fpn_channels: int = 256,
-                       **kwargs) -> tvd.FCOS:
+def _fcos_resnet18_fpn(
+    *, weights=None, weights_backbone=None, num_classes: int, fpn_channels: int = 256, **kwargs
+) -> tvd.FCOS:
     """FCOS on a ResNet-18 FPN (P3-P7): torchvision's FCOS head and losses on a backbone
     small enough to train from scratch on a CPU in minutes. ``weights`` has no checkpoint.
 
@@ -30,21 +31,29 @@ def _fcos_resnet18_fpn(*, weights=None, weights_backbone=None, num_classes: int,
     if weights is not None:
         raise ValueError("fcos_resnet18_fpn has no detection checkpoint; use weights_backbone=DEFAULT instead")
     if fpn_channels < 32 or fpn_channels % 32:
-        raise ValueError(f"model.detector.fpn_channels={fpn_channels}: the head's GroupNorm has 32 groups, so use "
-                         "a multiple of 32 (256 is torchvision's width)")
+        raise ValueError(
+            f"model.detector.fpn_channels={fpn_channels}: the head's GroupNorm has 32 groups, so use "
+            "a multiple of 32 (256 is torchvision's width)"
+        )
     # As torchvision's builders: a pretrained backbone keeps its batch-norm statistics frozen
     # (at small per-GPU batches they would drift), one from scratch learns them.
     norm_layer = torch.nn.BatchNorm2d if weights_backbone is None else FrozenBatchNorm2d
     backbone = resnet18(weights=weights_backbone, norm_layer=norm_layer)
     trainable = 5 if weights_backbone is None else 3  # from scratch every stage must learn
-    backbone = _resnet_fpn_extractor(backbone, trainable, returned_layers=[2, 3, 4],
-                                     extra_blocks=LastLevelP6P7(256, 256))
+    backbone = _resnet_fpn_extractor(
+        backbone, trainable, returned_layers=[2, 3, 4], extra_blocks=LastLevelP6P7(256, 256)
+    )
     if fpn_channels != 256:
         # torchvision's extractor (which also freezes the stages not trained) fixes the FPN at 256
         # channels: the same FPN on its body (C3-C5: 128, 256, 512 channels) at this width, and
         # the head FCOS would build for it (one anchor per location).
-        backbone = BackboneWithFPN(backbone.body, {"layer2": "0", "layer3": "1", "layer4": "2"}, [128, 256, 512],
-                                   fpn_channels, extra_blocks=LastLevelP6P7(fpn_channels, fpn_channels))
+        backbone = BackboneWithFPN(
+            backbone.body,
+            {"layer2": "0", "layer3": "1", "layer4": "2"},
+            [128, 256, 512],
+            fpn_channels,
+            extra_blocks=LastLevelP6P7(fpn_channels, fpn_channels),
+        )
         kwargs["head"] = tvd.fcos.FCOSHead(fpn_channels, 1, num_classes)
     return tvd.FCOS(backbone, num_classes=num_classes, **kwargs)
 
@@ -74,13 +83,23 @@ class LoaderSizedTransform(GeneralizedRCNNTransform):
     Without it, evaluation would resize again whatever ``_skip_resize`` says, and a 1-pixel
     rounding difference in the recomputed scale would resample every image."""
 
-    def resize(self, image: Tensor, target: Optional[dict[str, Tensor]] = None) -> tuple[Tensor, Optional[dict[str, Tensor]]]:
+    def resize(
+        self, image: Tensor, target: Optional[dict[str, Tensor]] = None
+    ) -> tuple[Tensor, Optional[dict[str, Tensor]]]:
         return image, target
 
 
-def build_detector(name: str, num_classes: int, image_size: int, pretrained: bool = False,
-                   pretrained_backbone: bool = False, loader_resizes: bool = False, weights_path: str | None = None,
-                   weights_backbone_path: str | None = None, **kwargs) -> torch.nn.Module:
+def build_detector(
+    name: str,
+    num_classes: int,
+    image_size: int,
+    pretrained: bool = False,
+    pretrained_backbone: bool = False,
+    loader_resizes: bool = False,
+    weights_path: str | None = None,
+    weights_backbone_path: str | None = None,
+    **kwargs,
+) -> torch.nn.Module:
     """Build a torchvision detector.
 
     Args:
@@ -118,8 +137,9 @@ def build_detector(name: str, num_classes: int, image_size: int, pretrained: boo
             model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, **kwargs)
             model = _replace_head(model, num_classes)
         else:
-            model = BUILDERS[name](weights=weights, weights_backbone=weights_backbone, num_classes=num_classes,
-                                   **kwargs)
+            model = BUILDERS[name](
+                weights=weights, weights_backbone=weights_backbone, num_classes=num_classes, **kwargs
+            )
     if regression_bias is not None and weights is None:  # a detection checkpoint brings its own bias
         set_regression_prior(model, regression_bias)
     return _loader_sized(model) if loader_resizes else model
@@ -143,8 +163,9 @@ def _loader_sized(model: torch.nn.Module) -> torch.nn.Module:
     """The model with its transform swapped for a :class:`LoaderSizedTransform` of the same
     sizes, statistics and padding (an SSD's fixed size and size_divisible=1 included)."""
     t = model.transform
-    model.transform = LoaderSizedTransform(t.min_size, t.max_size, t.image_mean, t.image_std,
-                                           size_divisible=t.size_divisible, fixed_size=t.fixed_size)
+    model.transform = LoaderSizedTransform(
+        t.min_size, t.max_size, t.image_mean, t.image_std, size_divisible=t.size_divisible, fixed_size=t.fixed_size
+    )
     return model
 
 
@@ -159,8 +180,9 @@ def _replace_head(model: torch.nn.Module, num_classes: int) -> torch.nn.Module:
     elif isinstance(model, (tvd.RetinaNet, tvd.FCOS)):
         head = model.head.classification_head
         old = head.cls_logits
-        head.cls_logits = torch.nn.Conv2d(old.in_channels, head.num_anchors * num_classes, kernel_size=3, stride=1,
-                                          padding=1)
+        head.cls_logits = torch.nn.Conv2d(
+            old.in_channels, head.num_anchors * num_classes, kernel_size=3, stride=1, padding=1
+        )
         torch.nn.init.normal_(head.cls_logits.weight, std=0.01)
         # torchvision's heads start every class at the prior probability 0.01 (focal loss's prior),
         # not at a bias a COCO class learned.
@@ -171,8 +193,9 @@ def _replace_head(model: torch.nn.Module, num_classes: int) -> torch.nn.Module:
         anchors = model.anchor_generator.num_anchors_per_location()
         for k, layer in enumerate(head.module_list):
             last = layer[-1] if isinstance(layer, torch.nn.Sequential) else layer  # SSDlite: depthwise block, then 1x1
-            conv = torch.nn.Conv2d(last.in_channels, anchors[k] * num_classes, last.kernel_size, last.stride,
-                                   last.padding)
+            conv = torch.nn.Conv2d(
+                last.in_channels, anchors[k] * num_classes, last.kernel_size, last.stride, last.padding
+            )
             if isinstance(layer, torch.nn.Sequential):
                 torch.nn.init.normal_(conv.weight, mean=0.0, std=0.03)  # ssdlite's _normal_init
                 layer[-1] = conv

@@ -29,11 +29,25 @@ from cocodet.timing.workers import worker_memory
 log = logging.getLogger(__name__)
 
 
-def run_bench(datamodule: CocoDataModule, plan: LoaderPlan, *, consumer: str, work_ms: float, batches: int | None,
-              warmup: int, epochs: int, digest_batches: int, producer: str, producer_ms: float,
-              producer_samples: int, decode_probe_images: int, shm_path: str = "/dev/shm",
-              train_step: Callable | None = None, device: torch.device = torch.device("cpu"),
-              preload: bool = False) -> dict:
+def run_bench(
+    datamodule: CocoDataModule,
+    plan: LoaderPlan,
+    *,
+    consumer: str,
+    work_ms: float,
+    batches: int | None,
+    warmup: int,
+    epochs: int,
+    digest_batches: int,
+    producer: str,
+    producer_ms: float,
+    producer_samples: int,
+    decode_probe_images: int,
+    shm_path: str = "/dev/shm",
+    train_step: Callable | None = None,
+    device: torch.device = torch.device("cpu"),
+    preload: bool = False,
+) -> dict:
     """Measure the train loader across epochs until ``batches`` batches after warm-up exist.
 
     Warm-up (``warmup`` batches) is discarded once, at the start; each epoch's first-batch
@@ -132,8 +146,14 @@ def _with_derived(
     return summary
 
 
-def _bench_loader(datamodule: CocoDataModule, plan: LoaderPlan, producer: str, producer_ms: float,
-                  producer_samples: int, iters_per_ms: int):
+def _bench_loader(
+    datamodule: CocoDataModule,
+    plan: LoaderPlan,
+    producer: str,
+    producer_ms: float,
+    producer_samples: int,
+    iters_per_ms: int,
+):
     """The train loader, or the same loader over a controlled producer (sleep or spin)."""
     if producer == "dataset":
         return datamodule.train_dataloader()
@@ -172,11 +192,24 @@ def bench(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     precision = resolve_precision(spec.trainer.args.get("precision", "32-true"))
     step = model_step(build_module(spec, datamodule), device, precision) if b["consumer"] == "model" else None
     with explained_loader_failures(plan, shm_path=spec.loader.shm_path), _torn_down(datamodule):
-        summary = run_bench(datamodule, plan, consumer=b["consumer"], work_ms=float(b["work_ms"]), batches=b["batches"],
-                            warmup=int(b["warmup"]), epochs=int(b["epochs"]), digest_batches=int(b["digest_batches"]),
-                            producer=b["producer"], producer_ms=float(b["producer_ms"]),
-                            producer_samples=int(b["producer_samples"]), decode_probe_images=int(b["decode_probe"]),
-                            shm_path=spec.loader.shm_path, train_step=step, device=device, preload=bool(b["preload"]))
+        summary = run_bench(
+            datamodule,
+            plan,
+            consumer=b["consumer"],
+            work_ms=float(b["work_ms"]),
+            batches=b["batches"],
+            warmup=int(b["warmup"]),
+            epochs=int(b["epochs"]),
+            digest_batches=int(b["digest_batches"]),
+            producer=b["producer"],
+            producer_ms=float(b["producer_ms"]),
+            producer_samples=int(b["producer_samples"]),
+            decode_probe_images=int(b["decode_probe"]),
+            shm_path=spec.loader.shm_path,
+            train_step=step,
+            device=device,
+            preload=bool(b["preload"]),
+        )
     summary = {**summary, "precision": precision if step else None}
     if spec.mlflow:
         from cocodet.tracking.bench_run import track_bench

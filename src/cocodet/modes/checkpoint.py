@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from cocodet.loader.plan.records import LoaderPlan
 from cocodet.modes.last_run import resume_path
 from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
@@ -27,12 +26,14 @@ def evaluate(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
 
     datamodule, module, ckpt = _with_weights(spec, plan)
     with explained_loader_failures(plan, shm_path=spec.loader.shm_path):
-        return evaluate_checkpoint(build_trainer(spec), module, datamodule, ckpt, str(spec.settings("eval")["split"]),
-                                   spec.run_dir)
+        return evaluate_checkpoint(
+            build_trainer(spec), module, datamodule, ckpt, str(spec.settings("eval")["split"]), spec.run_dir
+        )
 
 
 def predict(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
-    from cocodet.inference.predict import PredictSourceError, predict as predict_images
+    from cocodet.inference.predict import PredictSourceError
+    from cocodet.inference.predict import predict as predict_images
     from cocodet.loader.failures.diagnose import explained_loader_failures
 
     datamodule, module, _ = _with_weights(spec, plan)
@@ -40,11 +41,19 @@ def predict(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     if not settings.get("source"):
         raise PredictSourceError("mode=predict needs predict.source=<image folder or file>")
     with explained_loader_failures(plan, shm_path=spec.loader.shm_path):
-        return predict_images(module, datamodule, plan, source=str(settings["source"]),
-                              score_threshold=float(settings["score_threshold"]), draw=bool(settings["draw"]),
-                              on_bad_sample=str(spec.dataset.get("on_bad_sample", "raise")),
-                              batch_size=spec.loader.batches.batch_size, run_dir=spec.run_dir,
-                              device=spec.trainer.device, max_image_pixels=int(spec.dataset.get("max_image_pixels")))
+        return predict_images(
+            module,
+            datamodule,
+            plan,
+            source=str(settings["source"]),
+            score_threshold=float(settings["score_threshold"]),
+            draw=bool(settings["draw"]),
+            on_bad_sample=str(spec.dataset.get("on_bad_sample", "raise")),
+            batch_size=spec.loader.batches.batch_size,
+            run_dir=spec.run_dir,
+            device=spec.trainer.device,
+            max_image_pixels=int(spec.dataset.get("max_image_pixels")),
+        )
 
 
 def export(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
@@ -52,5 +61,11 @@ def export(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
 
     datamodule, module, _ = _with_weights(spec, plan)
     settings = spec.settings("export")
-    return export_model(module, datamodule, fmt=str(settings["format"]), model_name=spec.model.name,
-                        run_dir=spec.run_dir, opset=int(settings["opset"]))
+    return export_model(
+        module,
+        datamodule,
+        fmt=str(settings["format"]),
+        model_name=spec.model.name,
+        run_dir=spec.run_dir,
+        opset=int(settings["opset"]),
+    )

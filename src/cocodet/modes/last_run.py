@@ -45,20 +45,27 @@ def resume_path(spec: RunSpec) -> str | None:
     """The checkpoint ``spec.ckpt_path`` names, as the module docstring says."""
     ckpt, run_dir = spec.ckpt_path, spec.run_dir
     if ckpt is None and spec.ranks.launcher == "torchelastic":  # a restarted attempt resumes as launched
-        log.info("under torchrun, no ckpt_path means last_if_any: the run's folder %s is where a restarted attempt "
-                 "finds its checkpoints", run_dir)
+        log.info(
+            "under torchrun, no ckpt_path means last_if_any: the run's folder %s is where a restarted attempt "
+            "finds its checkpoints",
+            run_dir,
+        )
         ckpt = "last_if_any"
     if ckpt == "last_if_any":
         path = newest_checkpoint(run_dir)
-        log.info("ckpt_path=last_if_any: %s", f"resuming {path}" if path else f"no checkpoint in {run_dir}, starting fresh")
+        log.info(
+            "ckpt_path=last_if_any: %s", f"resuming {path}" if path else f"no checkpoint in {run_dir}, starting fresh"
+        )
         return str(path) if path else None
     if ckpt != "last":
         return ckpt
     path, why = newest_checkpoint(run_dir), ""  # this run's own folder first (a requeued job's)
     if path is None and spec.run_dir_given:
-        raise UserError(f"ckpt_path=last: no checkpoint in {run_dir}, the hydra.run.dir you gave (looked in "
-                        f"{run_dir / 'checkpoints'} and for hpc_ckpt_*.ckpt); pass the folder of the run to "
-                        "resume, ckpt_path=<file>, or ckpt_path=last_if_any to start fresh there")
+        raise UserError(
+            f"ckpt_path=last: no checkpoint in {run_dir}, the hydra.run.dir you gave (looked in "
+            f"{run_dir / 'checkpoints'} and for hpc_ckpt_*.ckpt); pass the folder of the run to "
+            "resume, ckpt_path=<file>, or ckpt_path=last_if_any to start fresh there"
+        )
     if path is None:
         path, why = newest_fitting(spec, OUTPUTS)
     if spec.ranks.global_rank == 0:  # one line per run, not per rank
@@ -72,8 +79,10 @@ def newest_fitting(spec: RunSpec, outputs: Path) -> tuple[Path, str]:
     ``resume.ckpt``)."""
     found = sorted(checkpoints_under(outputs), key=lambda p: p.stat().st_mtime, reverse=True)
     if not found:
-        raise UserError(f"ckpt_path=last found no checkpoint in {spec.run_dir} nor in any run under {outputs}; "
-                        "pass hydra.run.dir=<the interrupted run's folder> or ckpt_path=<file>")
+        raise UserError(
+            f"ckpt_path=last found no checkpoint in {spec.run_dir} nor in any run under {outputs}; "
+            "pass hydra.run.dir=<the interrupted run's folder> or ckpt_path=<file>"
+        )
     passed: dict[Path, str] = {}
     for checkpoint in found:
         run = run_of(checkpoint)
@@ -81,11 +90,17 @@ def newest_fitting(spec: RunSpec, outputs: Path) -> tuple[Path, str]:
             passed[run] = differs(spec, run)
         if not passed[run]:
             others = {r: why for r, why in passed.items() if why}
-            return checkpoint, (f" (the newest of the runs under {outputs} with this dataset and model; passed over "
-                                f"{len(others)} newer: {_listed(others)})" if others else "")
-    raise UserError(f"ckpt_path=last: none of the {len(passed)} runs under {outputs} with a checkpoint was trained on "
-                    f"this dataset and model ({_listed(passed)}); pass hydra.run.dir=<the run's folder> or "
-                    "ckpt_path=<file>")
+            return checkpoint, (
+                f" (the newest of the runs under {outputs} with this dataset and model; passed over "
+                f"{len(others)} newer: {_listed(others)})"
+                if others
+                else ""
+            )
+    raise UserError(
+        f"ckpt_path=last: none of the {len(passed)} runs under {outputs} with a checkpoint was trained on "
+        f"this dataset and model ({_listed(passed)}); pass hydra.run.dir=<the run's folder> or "
+        "ckpt_path=<file>"
+    )
 
 
 def differs(spec: RunSpec, run: Path) -> str:

@@ -7,8 +7,8 @@ import logging
 
 import numpy as np
 
-from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.plan.pod_requests import pod_requests, pod_requests_text
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.plan.resources import HostResources
 from cocodet.run_spec.records import RunSpec
 from cocodet.storage.store import is_remote
@@ -22,8 +22,10 @@ def partner_words(spec: RunSpec) -> str:
     if source == "dataset":
         return ", plus the mosaic partners it draws from the whole dataset"
     if source == "window":
-        return (f", plus the window partners of the first {spec.loader.batches.partner_window} positions of each epoch (later ones are "
-                "read from the window cache, not the store)")
+        return (
+            f", plus the window partners of the first {spec.loader.batches.partner_window} positions of each epoch (later ones are "
+            "read from the window cache, not the store)"
+        )
     return ""
 
 
@@ -55,11 +57,25 @@ def plan(spec: RunSpec, loader_plan: LoaderPlan, resources: HostResources) -> di
     if scaling:  # what training will use (it logs the same from its trainer, models/optimization.py)
         from cocodet.models.reference_schedule import lr_words
 
-        log.info("learning rate: %s", lr_words(scaling, spec.loader.batches.batch_size, spec.ranks.world_size,
-                                                int(spec.trainer.args.get("accumulate_grad_batches") or 1)))
+        log.info(
+            "learning rate: %s",
+            lr_words(
+                scaling,
+                spec.loader.batches.batch_size,
+                spec.ranks.world_size,
+                int(spec.trainer.args.get("accumulate_grad_batches") or 1),
+            ),
+        )
     remote = remote_reads(spec, train, splits.train_images, loader_plan) if is_remote(str(d["root"])) else None
-    return {"mode": "plan", **loader_plan.summary(), "pod": pod_requests(loader_plan), "host": resources.as_dict(),
-            "train_images": len(train), "val_images": len(val), **({"remote": remote} if remote else {})}
+    return {
+        "mode": "plan",
+        **loader_plan.summary(),
+        "pod": pod_requests(loader_plan),
+        "host": resources.as_dict(),
+        "train_images": len(train),
+        "val_images": len(val),
+        **({"remote": remote} if remote else {}),
+    }
 
 
 def remote_reads(spec: RunSpec, train, images: tuple[str, str], loader_plan: LoaderPlan) -> dict:
@@ -77,15 +93,30 @@ def remote_reads(spec: RunSpec, train, images: tuple[str, str], loader_plan: Loa
     bytes_ = sum(sizes.get(str(train.paths[k]), {}).get("size", 0) for k in objects)
     shared = padding(len(train), ranks.world_size)
     partners = partner_words(spec)
-    log.info("remote root %s: this rank%s reads %s%d of %d train objects, %.1f MiB per epoch%s%s; each request waits "
-             "at most dataset.remote.timeout_s=%g s", root, ranks.label(), "about " if grouped else "",
-             len(objects), len(train), bytes_ / 2**20,
-             f"; {shared} images of each epoch's order are read by two ranks (the sampler pads by wrapping)"
-             if shared else "", partners,
-             float(spec.dataset.get("remote")["timeout_s"]))
-    return {"root": root, "objects_per_epoch": int(len(objects)), "bytes_per_epoch": int(bytes_),
-            "listed_objects": len(sizes), "shared_by_two_ranks": shared, "approximate": grouped,
-            "read_ahead": read_ahead_plan(spec, sizes, train, loader_plan)}
+    log.info(
+        "remote root %s: this rank%s reads %s%d of %d train objects, %.1f MiB per epoch%s%s; each request waits "
+        "at most dataset.remote.timeout_s=%g s",
+        root,
+        ranks.label(),
+        "about " if grouped else "",
+        len(objects),
+        len(train),
+        bytes_ / 2**20,
+        f"; {shared} images of each epoch's order are read by two ranks (the sampler pads by wrapping)"
+        if shared
+        else "",
+        partners,
+        float(spec.dataset.get("remote")["timeout_s"]),
+    )
+    return {
+        "root": root,
+        "objects_per_epoch": int(len(objects)),
+        "bytes_per_epoch": int(bytes_),
+        "listed_objects": len(sizes),
+        "shared_by_two_ranks": shared,
+        "approximate": grouped,
+        "read_ahead": read_ahead_plan(spec, sizes, train, loader_plan),
+    }
 
 
 def read_ahead_plan(spec: RunSpec, objects: dict, train, loader_plan: LoaderPlan) -> dict | None:
@@ -97,20 +128,35 @@ def read_ahead_plan(spec: RunSpec, objects: dict, train, loader_plan: LoaderPlan
     remote, ranks, cache = spec.dataset.get("remote"), spec.ranks, spec.dataset.get("cache", "none")
     folder = read_ahead_folder(remote, spec.dataset.get("cache_dir"))
     if not folder or not remote.get("cache_bytes") or cache != "none":
-        log.info("read-ahead: off (%s)", "dataset.cache holds the pixels" if cache != "none" else
-                 "dataset.remote.cache_bytes=0" if folder else "no folder: dataset.cache_dir and remote.cache_dir null")
+        log.info(
+            "read-ahead: off (%s)",
+            "dataset.cache holds the pixels"
+            if cache != "none"
+            else "dataset.remote.cache_bytes=0"
+            if folder
+            else "no folder: dataset.cache_dir and remote.cache_dir null",
+        )
         return None
     paths = [str(p) for p in train.paths]
     own = {p: objects[p] for p in paths if p in objects}
     working = first_epoch_working_set(spec, train, own, loader_plan)
-    budget = read_ahead_budget(folder, remote["cache_bytes"], ranks.local_world_size, own,
-                               int(remote["concurrency"]), working[1])
+    budget = read_ahead_budget(
+        folder, remote["cache_bytes"], ranks.local_world_size, own, int(remote["concurrency"]), working[1]
+    )
     line, warning = working_set_words(budget, working, ranks.local_world_size)
-    log.info("read-ahead: %s on disk for each of %d local rank(s) in %s%s (%s the %.0f MiB split); %s; %d GETs in "
-             "flight, about %.0f MiB of memory", f"{budget['rank_budget_bytes'] / 2**20:.0f} MiB",
-             ranks.local_world_size, folder, budget_origin(budget),
-             "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20, line,
-             budget["concurrency"], budget["memory_bytes"] / 2**20)
+    log.info(
+        "read-ahead: %s on disk for each of %d local rank(s) in %s%s (%s the %.0f MiB split); %s; %d GETs in "
+        "flight, about %.0f MiB of memory",
+        f"{budget['rank_budget_bytes'] / 2**20:.0f} MiB",
+        ranks.local_world_size,
+        folder,
+        budget_origin(budget),
+        "holds" if budget["holds_the_split"] else "a window of",
+        budget["split_bytes"] / 2**20,
+        line,
+        budget["concurrency"],
+        budget["memory_bytes"] / 2**20,
+    )
     if warning:
         log.warning(warning)
     return {**budget, "working_set_objects": working[0]}
@@ -135,8 +181,15 @@ def first_epoch_working_set(spec: RunSpec, train, objects: dict, loader_plan: Lo
     try:
         if window:
             dataset.use_window(RankOrder(len(train), seed, ranks.global_rank, ranks.world_size), cache)
-        sampler = EpochSampler(len(train), seed, True, ranks.global_rank, ranks.world_size,
-                               pool=getattr(recipe, "partner_pool", None), window=window)
+        sampler = EpochSampler(
+            len(train),
+            seed,
+            True,
+            ranks.global_rank,
+            ranks.world_size,
+            pool=getattr(recipe, "partner_pool", None),
+            window=window,
+        )
         sizes = np.array([objects.get(str(p), {}).get("size", 0) for p in train.paths], dtype=np.int64)
         lead = lead_samples(loader_plan.num_workers, loader_plan.prefetch_factor, spec.loader.batches.batch_size)
         return working_set([epoch_reads(sampler, dataset, e) for e in (0, 1)], sizes, reach(lead))

@@ -18,8 +18,9 @@ def preview(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     datamodule = build_datamodule(spec, plan)
     settings = spec.settings("preview")
     try:
-        paths, batch_bins = render_previews(datamodule, spec.run_dir / "previews", batches=int(settings["batches"]),
-                                            epoch=int(settings["epoch"]))
+        paths, batch_bins = render_previews(
+            datamodule, spec.run_dir / "previews", batches=int(settings["batches"]), epoch=int(settings["epoch"])
+        )
     finally:
         datamodule.teardown("preview")  # a remote root's read-ahead thread
     return {"mode": "preview", "pngs": [str(p) for p in paths], "batch_bins": batch_bins, **plan.summary()}
@@ -39,8 +40,16 @@ def draw_batch(images, targets, names: list[str], columns: int = 4, captions: li
         for (x1, y1, x2, y2), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
             colour = tuple(int(c) for c in np.random.default_rng(label).integers(64, 256, 3))
             cv2.rectangle(tile, (round(x1), round(y1)), (round(x2), round(y2)), colour, 1)
-            cv2.putText(tile, names[label - 1], (round(x1), max(8, round(y1) - 2)), cv2.FONT_HERSHEY_SIMPLEX, 0.3,
-                        colour, 1, cv2.LINE_AA)
+            cv2.putText(
+                tile,
+                names[label - 1],
+                (round(x1), max(8, round(y1) - 2)),
+                cv2.FONT_HERSHEY_SIMPLEX,
+                0.3,
+                colour,
+                1,
+                cv2.LINE_AA,
+            )
         tiles.append(tile)
     h = max(t.shape[0] for t in tiles)
     w = max(t.shape[1] for t in tiles)
@@ -48,7 +57,7 @@ def draw_batch(images, targets, names: list[str], columns: int = 4, captions: li
     grid = np.zeros((rows * h, columns * w, 3), dtype=np.uint8)
     for k, tile in enumerate(tiles):
         r, c = divmod(k, columns)
-        grid[r * h: r * h + tile.shape[0], c * w: c * w + tile.shape[1]] = tile
+        grid[r * h : r * h + tile.shape[0], c * w : c * w + tile.shape[1]] = tile
     return grid
 
 

@@ -54,12 +54,29 @@ def train(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     if ckpt and spec.ranks.global_rank == 0:  # the CSV and TensorBoard records go on in their own folders
         continue_logs(trainer.loggers, resumed_step)
     prepare_tracking(trainer, spec.config, plan, resumed_run_id)
-    return fit(trainer, module, datamodule, plan, ckpt_path=ckpt, weights_only=weights_only,
-               shm_path=spec.loader.shm_path, ranks=spec.ranks)
+    return fit(
+        trainer,
+        module,
+        datamodule,
+        plan,
+        ckpt_path=ckpt,
+        weights_only=weights_only,
+        shm_path=spec.loader.shm_path,
+        ranks=spec.ranks,
+    )
 
 
-def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, plan: LoaderPlan, *,
-        ckpt_path: str | None, weights_only: bool, shm_path: str, ranks: Ranks | None = None) -> dict:
+def fit(
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    plan: LoaderPlan,
+    *,
+    ckpt_path: str | None,
+    weights_only: bool,
+    shm_path: str,
+    ranks: Ranks | None = None,
+) -> dict:
     """Train, validating as configured; return the training summary. ``ranks``: what
     ``cocodet.ranks`` answered before the trainer existed, checked against the trainer's."""
     started = time.perf_counter()
@@ -111,8 +128,9 @@ def finish(trainer: L.Trainer, summary: dict, stopped: RunStopped | None, plan: 
     return summary
 
 
-def _run_fit(trainer: L.Trainer, module, datamodule, ckpt_path: str | None,
-             weights_only: bool) -> tuple[str, RunStopped | None]:
+def _run_fit(
+    trainer: L.Trainer, module, datamodule, ckpt_path: str | None, weights_only: bool
+) -> tuple[str, RunStopped | None]:
     """``trainer.fit``, and how it ended: (status, the RunStopped that stopped it or None)."""
     try:
         trainer.fit(
@@ -149,10 +167,17 @@ def with_summary(stopped: RunStopped, summary: dict) -> RunStopped:
 def report_preemption(trainer: L.Trainer, preemption: PreemptionCheckpoint | None, status: str = "preempted") -> None:
     """The log line and the resume command of a preempted (or interrupted) run."""
     saved = preemption.saved_path if preemption else None
-    log.warning("%s at step %d (epoch %d); %s", status, trainer.global_step, trainer.current_epoch,
-                f"saved {saved}" if saved else "no checkpoint was written (no PreemptionCheckpoint callback)")
-    sys.stderr.write(f"{status} at step {trainer.global_step}: resume with the same command plus "
-                     f"ckpt_path=last hydra.run.dir={Path(trainer.default_root_dir).resolve()}\n")
+    log.warning(
+        "%s at step %d (epoch %d); %s",
+        status,
+        trainer.global_step,
+        trainer.current_epoch,
+        f"saved {saved}" if saved else "no checkpoint was written (no PreemptionCheckpoint callback)",
+    )
+    sys.stderr.write(
+        f"{status} at step {trainer.global_step}: resume with the same command plus "
+        f"ckpt_path=last hydra.run.dir={Path(trainer.default_root_dir).resolve()}\n"
+    )
 
 
 def close_progress_bars(trainer: L.Trainer) -> None:
@@ -176,16 +201,25 @@ def unusable_end(trainer: L.Trainer, module: L.LightningModule, saves_checkpoint
     bad = nonfinite_tensors(module.state_dict())
     if not bad and not (saves_checkpoints and refused):
         return None
-    good = (f"the last good checkpoint is {written[0]} (step {written[1]}): resume from it with ckpt_path={written[0]} "
-            if written else "no checkpoint was written before it: start again ")
-    advice = ("and a lower model.optimizer.lr or a longer warm-up (model.scheduler.pct_start); summary.health.skipped "
-              "lists the steps skipped")
+    good = (
+        f"the last good checkpoint is {written[0]} (step {written[1]}): resume from it with ckpt_path={written[0]} "
+        if written
+        else "no checkpoint was written before it: start again "
+    )
+    advice = (
+        "and a lower model.optimizer.lr or a longer warm-up (model.scheduler.pct_start); summary.health.skipped "
+        "lists the steps skipped"
+    )
     if bad:
-        return UnusableModel(f"training ended with a model that is not finite: {_tensors(len(bad))}, the first "
-                             f"{bad[0]}, so it is not usable; {good}{advice}")
-    return UnusableModel(f"training ended, but its last checkpoint ({refused['path']}, step {refused['step']}) was not "
-                         f"written: {_tensors(len(refused['tensors']))} not finite, the first "
-                         f"{refused['tensors'][0]}; {good}{advice}")
+        return UnusableModel(
+            f"training ended with a model that is not finite: {_tensors(len(bad))}, the first "
+            f"{bad[0]}, so it is not usable; {good}{advice}"
+        )
+    return UnusableModel(
+        f"training ended, but its last checkpoint ({refused['path']}, step {refused['step']}) was not "
+        f"written: {_tensors(len(refused['tensors']))} not finite, the first "
+        f"{refused['tensors'][0]}; {good}{advice}"
+    )
 
 
 def _tensors(n: int) -> str:

@@ -23,14 +23,22 @@ def verify(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     train, val = dataset_indexes(spec)
     problems = verify_indexes(train, val, spec.run_dir, int(spec.dataset.get("max_image_pixels")))
     report = spec.run_dir / "verify.json"
-    summary = {"mode": "verify", "train_images": len(train), "val_images": len(val),
-               "problems": {split: len(found) for split, found in problems.items()},
-               "dropped_annotations": {"train": dict(train.dropped), "val": dict(val.dropped)}, "report": str(report)}
+    summary = {
+        "mode": "verify",
+        "train_images": len(train),
+        "val_images": len(val),
+        "problems": {split: len(found) for split, found in problems.items()},
+        "dropped_annotations": {"train": dict(train.dropped), "val": dict(val.dropped)},
+        "report": str(report),
+    }
     bad = [p for split in ("train", "val") for p in problems[split]]
     if bad:
         named = "; ".join(f"{p['file']} (image_id={p['image_id']}): {p['reason']}" for p in bad[:SHOWN])
         more = f", and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
-        raise DatasetNotUsable(f"{len(bad)} image(s) of {len(train) + len(val)} cannot be used: {named}{more}; every "
-                               f"one is in {report}. Fix or remove them, or train with dataset.on_bad_sample=skip "
-                               "(they are skipped and counted)", summary)
+        raise DatasetNotUsable(
+            f"{len(bad)} image(s) of {len(train) + len(val)} cannot be used: {named}{more}; every "
+            f"one is in {report}. Fix or remove them, or train with dataset.on_bad_sample=skip "
+            "(they are skipped and counted)",
+            summary,
+        )
     return summary

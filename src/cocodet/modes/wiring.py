@@ -9,9 +9,9 @@ from dataclasses import replace
 
 from hydra.utils import get_class, instantiate
 
-from cocodet.loader.plan.records import LoaderPlan
-from cocodet.loader.plan.policy import plan_loader
 from cocodet.loader.failures.replan import Replanner
+from cocodet.loader.plan.policy import plan_loader
+from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.plan.resources import HostResources, probe
 from cocodet.run_spec.records import RunSpec
 
@@ -41,8 +41,9 @@ def build_replanner(spec: RunSpec, plan: LoaderPlan) -> Replanner:
         resources = probe(shm_path=loader.shm_path, ranks_per_host=spec.ranks.local_world_size)
         return plan_loader(request, loader.batches, resources, spec.trainer.cuda)
 
-    return Replanner(plan, plan_fn, on_failure=loader.on_failure, max_replans=loader.max_replans,
-                     shm_path=loader.shm_path)
+    return Replanner(
+        plan, plan_fn, on_failure=loader.on_failure, max_replans=loader.max_replans, shm_path=loader.shm_path
+    )
 
 
 def build_datamodule(spec: RunSpec, plan: LoaderPlan):
@@ -50,17 +51,29 @@ def build_datamodule(spec: RunSpec, plan: LoaderPlan):
     their ground truth before Lightning would call ``setup()`` (its own calls find it done)."""
     batches = spec.loader.batches
     datamodule = get_class(spec.dataset.target)(
-        **spec.dataset.options, recipe=spec.recipe.recipe, batch_size=batches.batch_size, seed=spec.seed, plan=plan,
-        val_batch_size=batches.val_batch_size, run_dir=str(spec.run_dir), group_aspect_ratio=plan.group_aspect_ratio,
-        replanner=build_replanner(spec, plan))
+        **spec.dataset.options,
+        recipe=spec.recipe.recipe,
+        batch_size=batches.batch_size,
+        seed=spec.seed,
+        plan=plan,
+        val_batch_size=batches.val_batch_size,
+        run_dir=str(spec.run_dir),
+        group_aspect_ratio=plan.group_aspect_ratio,
+        replanner=build_replanner(spec, plan),
+    )
     datamodule.setup()
     return datamodule
 
 
 def build_module(spec: RunSpec, datamodule):
-    module = instantiate(spec.model.config, val_ann_file=datamodule.val_ann_file, image_size=spec.dataset.image_size,
-                         loader_resizes=spec.model.loader_resizes,
-                         category_ids=datamodule.train_index.category_ids.tolist(), _recursive_=True)
+    module = instantiate(
+        spec.model.config,
+        val_ann_file=datamodule.val_ann_file,
+        image_size=spec.dataset.image_size,
+        loader_resizes=spec.model.loader_resizes,
+        category_ids=datamodule.train_index.category_ids.tolist(),
+        _recursive_=True,
+    )
     module.run_config = trained_groups(spec)  # not through instantiate: its _target_ keys are data here
     return module
 
@@ -99,5 +112,6 @@ def build_trainer(spec: RunSpec):
     from cocodet.models.checkpoint_io import AtomicCheckpointIO
 
     plugins = [AtomicCheckpointIO(), *([fp16_on_cpu] if fp16_on_cpu is not None else [])]
-    return L.Trainer(**args, default_root_dir=str(spec.run_dir), callbacks=callbacks, logger=loggers,
-                     plugins=plugins)  # a full disk never truncates the last checkpoint
+    return L.Trainer(
+        **args, default_root_dir=str(spec.run_dir), callbacks=callbacks, logger=loggers, plugins=plugins
+    )  # a full disk never truncates the last checkpoint

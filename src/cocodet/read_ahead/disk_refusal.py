@@ -41,7 +41,14 @@ class DiskRefusal:
                 space = f"{mib(usage.free)} free of {mib(usage.total)}"
             except OSError:
                 space = "free space unknown"
-            log.warning("read-ahead copies: writing %s failed (%s, errno %s) on the disk of %s (%s); no copy is kept "
-                        "for %g s: reads go to the store directly and the run goes on. Free space there or point "
-                        "dataset.remote.cache_dir at a larger disk", path.name,
-                        error.strerror or error, error.errno, self.folder, space, DISK_RETRY_S)
+            log.warning(
+                "read-ahead copies: writing %s failed (%s, errno %s) on the disk of %s (%s); no copy is kept "
+                "for %g s: reads go to the store directly and the run goes on. Free space there or point "
+                "dataset.remote.cache_dir at a larger disk",
+                path.name,
+                error.strerror or error,
+                error.errno,
+                self.folder,
+                space,
+                DISK_RETRY_S,
+            )

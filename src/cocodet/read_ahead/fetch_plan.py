@@ -27,11 +27,23 @@ class FetchPlanner:
         future = np.concatenate([reads[at:]] + [r for _, r, _ in self.epochs[1:]])
         sample_offsets = [offsets[c:] - at] + [o for _, _, o in self.epochs[1:]]  # each epoch's, from here
         left = len(future) if self.end is None else max(0, self.end - self.consumed_total)  # samples the run has left
-        return (future, read_at(sample_offsets, min(self.lead, left), len(future)),
-                read_at(sample_offsets, min(self.lead + self.ahead, left), len(future)), self.base + at)
+        return (
+            future,
+            read_at(sample_offsets, min(self.lead, left), len(future)),
+            read_at(sample_offsets, min(self.lead + self.ahead, left), len(future)),
+            self.base + at,
+        )
 
-    def _plan(self, future: np.ndarray, lead_at: int, ahead_at: int, start: int, held: np.ndarray,
-              unpinned: np.ndarray, free_slots: int):
+    def _plan(
+        self,
+        future: np.ndarray,
+        lead_at: int,
+        ahead_at: int,
+        start: int,
+        held: np.ndarray,
+        unpinned: np.ndarray,
+        free_slots: int,
+    ):
         """Yield (object, the absolute read it is fetched for) to fetch now, in order of that
         read (reads ``future[lead_at:ahead_at]``), making room for each as the fetcher's module
         says; stop at the first that cannot fit."""

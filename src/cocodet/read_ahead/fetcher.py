@@ -72,8 +72,17 @@ class ReadAhead(FetchPlanner, HeldCopies):
             them is fetched (the last epoch's look-ahead would fetch for an epoch never run).
     """
 
-    def __init__(self, cache: ObjectCache, paths, plan_epoch, budget: int, concurrency: int, lead: int = 0,
-                 ahead: int | None = None, end: int | None = None):
+    def __init__(
+        self,
+        cache: ObjectCache,
+        paths,
+        plan_epoch,
+        budget: int,
+        concurrency: int,
+        lead: int = 0,
+        ahead: int | None = None,
+        end: int | None = None,
+    ):
         self.cache, self.paths, self.plan_epoch = cache, [str(p) for p in paths], plan_epoch
         self.budget, self.concurrency, self.lead = int(budget), max(1, int(concurrency)), max(0, int(lead))
         self.ahead = fetch_ahead(self.lead) if ahead is None else int(ahead)
@@ -138,8 +147,13 @@ class ReadAhead(FetchPlanner, HeldCopies):
         try:
             self._loop()
         except Exception as e:  # noqa: BLE001 - training goes on without it; said once, not silently
-            log.warning("read-ahead stopped (%s: %s); the workers read each object themselves from here on "
-                        "(counted as misses in summary remote.misses)", type(e).__name__, e, exc_info=True)
+            log.warning(
+                "read-ahead stopped (%s: %s); the workers read each object themselves from here on "
+                "(counted as misses in summary remote.misses)",
+                type(e).__name__,
+                e,
+                exc_info=True,
+            )
 
     def _loop(self) -> None:
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="cocodet-get") as pool:
@@ -180,11 +194,23 @@ class ReadAhead(FetchPlanner, HeldCopies):
         """The read-ahead's record; ``held_bytes`` (the budget counted now) equals
         ``copies_bytes`` (the copies on disk) unless a reservation was lost."""
         try:
-            copies = sum(p.stat().st_size for p in self.cache.folder.iterdir()
-                         if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".part"))
+            copies = sum(
+                p.stat().st_size
+                for p in self.cache.folder.iterdir()
+                if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".part")
+            )
         except OSError:
             copies = None
-        return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_bytes, "held_bytes": self.cache.held_bytes(),
-                "copies_bytes": copies, "copies_writable": self.cache.writable(), "concurrency": self.concurrency,
-                "lead_samples": self.lead, "failed_objects": len(self.failed), "dropped_fetches": self.dropped,
-                "working_set_objects": self.working_set[0], "working_set_bytes": self.working_set[1]}
+        return {
+            "budget_bytes": self.budget,
+            "peak_held_bytes": self.peak_bytes,
+            "held_bytes": self.cache.held_bytes(),
+            "copies_bytes": copies,
+            "copies_writable": self.cache.writable(),
+            "concurrency": self.concurrency,
+            "lead_samples": self.lead,
+            "failed_objects": len(self.failed),
+            "dropped_fetches": self.dropped,
+            "working_set_objects": self.working_set[0],
+            "working_set_bytes": self.working_set[1],
+        }

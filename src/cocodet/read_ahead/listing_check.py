@@ -29,13 +29,22 @@ class ListingCheck:
         want = self.objects[url]
         etag = want["etag"]
         changed = len(data) != want["size"]
-        if not changed and self._etags_are_md5 and re.fullmatch(r"[0-9a-f]{32}", etag) and \
-                hashlib.md5(data, usedforsecurity=False).hexdigest() != etag:
+        if (
+            not changed
+            and self._etags_are_md5
+            and re.fullmatch(r"[0-9a-f]{32}", etag)
+            and hashlib.md5(data, usedforsecurity=False).hexdigest() != etag
+        ):
             changed = storage.object_info(url)["etag"] != etag
             if not changed:
                 self._etags_are_md5 = False
-                log.info("%s: its ETag is not the MD5 of its bytes (SSE-KMS or SSE-C): copies from this store are "
-                         "checked by their size", url)
+                log.info(
+                    "%s: its ETag is not the MD5 of its bytes (SSE-KMS or SSE-C): copies from this store are "
+                    "checked by their size",
+                    url,
+                )
         if changed:
-            raise storage.StoreError(f"{url}: read {len(data)} bytes that do not match the listing ({want['size']} "
-                                     f"bytes, ETag {etag}); the object changed during the run: start it again")
+            raise storage.StoreError(
+                f"{url}: read {len(data)} bytes that do not match the listing ({want['size']} "
+                f"bytes, ETag {etag}); the object changed during the run: start it again"
+            )

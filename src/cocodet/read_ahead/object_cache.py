@@ -148,8 +148,9 @@ class ObjectCache:
         path = self.path(url)
         return path.with_name(path.name + ".part")
 
-    def _fetch_into(self, url: str, part: Path, fd: int, miss: bool, reserved: bool,
-                    seen: int | None = None) -> bytes | None:
+    def _fetch_into(
+        self, url: str, part: Path, fd: int, miss: bool, reserved: bool, seen: int | None = None
+    ) -> bytes | None:
         """Holding the claim ``fd`` on ``part``: fetch, check, and publish by renaming ``part``
         (None: a reader's GET since ``seen``, see :meth:`fetch`)."""
         try:
@@ -187,7 +188,7 @@ class ObjectCache:
             os.ftruncate(fd, 0)  # a dead claimer may have left part of a file here
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.replace(part, self.path(url))  # still claimed: nobody else writes this name meanwhile
             return True
         except OSError as e:

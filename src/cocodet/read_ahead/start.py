@@ -10,8 +10,13 @@ from functools import partial
 import numpy as np
 
 from cocodet.loader.stream_end import read_ahead_span
-from cocodet.read_ahead.budget import (budget_origin, read_ahead_budget, read_ahead_folder, split_folder,
-                                       working_set_words)
+from cocodet.read_ahead.budget import (
+    budget_origin,
+    read_ahead_budget,
+    read_ahead_folder,
+    split_folder,
+    working_set_words,
+)
 from cocodet.read_ahead.fetcher import ReadAhead
 from cocodet.read_ahead.object_cache import ObjectCache
 from cocodet.read_ahead.working_set import lead_samples, reach, working_set
@@ -28,9 +33,20 @@ def epoch_reads(sampler, dataset, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(reads).astype(np.int64) if reads else np.zeros(0, np.int64)), offsets
 
 
-def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None, dataset, sampler, epoch: int,
-                     skip_samples: int, local_rank: int, local_ranks: int, lead_samples: int = 0,
-                     end: int | None = None) -> ReadAhead | None:
+def start_read_ahead(
+    root: str,
+    images: str,
+    remote: dict,
+    cache_dir: str | None,
+    dataset,
+    sampler,
+    epoch: int,
+    skip_samples: int,
+    local_rank: int,
+    local_ranks: int,
+    lead_samples: int = 0,
+    end: int | None = None,
+) -> ReadAhead | None:
     """The read-ahead of a remote train split, started, or None where there is none: a local
     root, no folder (``dataset.remote.cache_dir`` and ``dataset.cache_dir`` null),
     ``cache_bytes=0``, or a pixel cache (which reads each object once, at its build). ``end``:
@@ -50,22 +66,38 @@ def start_read_ahead(root: str, images: str, remote: dict, cache_dir: str | None
     cache = ObjectCache(mine, objects, budget["rank_budget_bytes"])
     cache.folder_claim = claim  # held (open) for the run: the folder is this run's
     dataset.reader.copies = cache  # before the workers fork: their reads of the split go through the copies
-    read_ahead = ReadAhead(cache, paths, partial(epoch_reads, sampler, dataset), budget["rank_budget_bytes"],
-                            concurrency, lead_samples, end=end)
+    read_ahead = ReadAhead(
+        cache,
+        paths,
+        partial(epoch_reads, sampler, dataset),
+        budget["rank_budget_bytes"],
+        concurrency,
+        lead_samples,
+        end=end,
+    )
     read_ahead.start(epoch, skip_samples, plans)
     line, warning = working_set_words(budget, working, local_ranks)
-    log.info("read-ahead: %s, %.0f MiB for this rank%s (%s the %.0f MiB split); %s; %d GETs in flight (about %.0f MiB "
-             "of memory)", mine, budget["rank_budget_bytes"] / 2**20, budget_origin(budget),
-             "holds" if budget["holds_the_split"] else "a window of", budget["split_bytes"] / 2**20, line, concurrency,
-             budget["memory_bytes"] / 2**20)
+    log.info(
+        "read-ahead: %s, %.0f MiB for this rank%s (%s the %.0f MiB split); %s; %d GETs in flight (about %.0f MiB "
+        "of memory)",
+        mine,
+        budget["rank_budget_bytes"] / 2**20,
+        budget_origin(budget),
+        "holds" if budget["holds_the_split"] else "a window of",
+        budget["split_bytes"] / 2**20,
+        line,
+        concurrency,
+        budget["memory_bytes"] / 2**20,
+    )
     if warning:
         log.warning(warning)
     read_ahead.working_set = working
     return read_ahead
 
 
-def start_train_read_ahead(split: dict, dataset, sampler, start: tuple[int, int] | None, plan, batch_size: int,
-                           trainer, stream_batches) -> ReadAhead | None:
+def start_train_read_ahead(
+    split: dict, dataset, sampler, start: tuple[int, int] | None, plan, batch_size: int, trainer, stream_batches
+) -> ReadAhead | None:
     """:func:`start_read_ahead` for a datamodule's train loader: ``split`` its store keys
     (``root``, ``images``, ``remote``, ``cache_dir``); ``start`` (epoch, batch) where a resume
     begins (None: the trainer's epoch, or 0 without one); the lead (samples in flight ahead
@@ -74,6 +106,17 @@ def start_train_read_ahead(split: dict, dataset, sampler, start: tuple[int, int]
     epoch, first = start or (trainer.current_epoch if trainer is not None else 0, 0)
     lead = lead_samples(plan.num_workers, plan.prefetch_factor, batch_size)
     end = read_ahead_span(trainer, stream_batches, len(sampler), batch_size, epoch, first)
-    return start_read_ahead(split["root"], split["images"], split["remote"], split["cache_dir"], dataset, sampler,
-                            epoch, first * batch_size, trainer.local_rank if trainer is not None else 0,
-                            plan.local_ranks, lead, end)
+    return start_read_ahead(
+        split["root"],
+        split["images"],
+        split["remote"],
+        split["cache_dir"],
+        dataset,
+        sampler,
+        epoch,
+        first * batch_size,
+        trainer.local_rank if trainer is not None else 0,
+        plan.local_ranks,
+        lead,
+        end,
+    )

@@ -28,8 +28,7 @@ from cocodet.errors import ConfigError, UserError
 from cocodet.loader.plan.flat_layout import batch_geometry
 from cocodet.loader.plan.request import loader_request
 from cocodet.ranks import trainer_ranks
-from cocodet.run_spec.records import (DatasetSpec, LoaderSpec, ModelSpec, RecipeSpec, RunSpec, StorageSpec,
-                                      TrainerSpec)
+from cocodet.run_spec.records import DatasetSpec, LoaderSpec, ModelSpec, RecipeSpec, RunSpec, StorageSpec, TrainerSpec
 from cocodet.run_spec.validate import validate
 from cocodet.transforms.recipe import Recipe
 
@@ -55,8 +54,9 @@ def read_spec(cfg: DictConfig) -> RunSpec:
     trainer = tree["trainer"]
     recipe = RecipeSpec.read(tree.get("augment") or {}, (model or {}).get("detector"), data["image_size"])
     request = loader_request(loader, overrides, dict(os.environ))
-    batches = batch_geometry(loader["batch_size"], loader.get("val_batch_size"), loader.get("group_aspect_ratio", "preset"),
-                             recipe.shape)
+    batches = batch_geometry(
+        loader["batch_size"], loader.get("val_batch_size"), loader.get("group_aspect_ratio", "preset"), recipe.shape
+    )
     ranks, cuda = trainer_ranks(trainer)
     run_dir_given = any(o.split("=", 1)[0] == "hydra.run.dir" for o in hydra_overrides())
     unshared = unshared_folder(ranks, run_dir_given) if tree["mode"] == "train" else None
@@ -66,25 +66,36 @@ def read_spec(cfg: DictConfig) -> RunSpec:
     if options.get("keep_empty") is None:  # the recipe's default, a class attribute (nothing built)
         options["keep_empty"] = getattr(recipe.family, "keep_empty", Recipe.keep_empty)
     return RunSpec(
-        mode=str(tree["mode"]), seed=int(tree["seed"]), run_dir=Path(str(tree["output_dir"])), ranks=ranks,
-        recipe=recipe, dataset=DatasetSpec(str(data["_target_"]), options),
-        loader=LoaderSpec(request, batches, str(loader["shm_path"]), loader.get("on_failure"),
-                          int(loader.get("max_replans", 3))),
+        mode=str(tree["mode"]),
+        seed=int(tree["seed"]),
+        run_dir=Path(str(tree["output_dir"])),
+        ranks=ranks,
+        recipe=recipe,
+        dataset=DatasetSpec(str(data["_target_"]), options),
+        loader=LoaderSpec(
+            request, batches, str(loader["shm_path"]), loader.get("on_failure"), int(loader.get("max_replans", 3))
+        ),
         storage=StorageSpec(data.get("storage_options") or {}, dict(data.get("remote") or {})),
-        model=None if model is None else ModelSpec(config=model, name=str(model["detector"]["name"]),
-                                                   loader_resizes=recipe.resizes_as_model),
-        trainer=TrainerSpec(args=trainer, callbacks=list((tree.get("callbacks") or {}).values()),
-                            loggers=tree.get("logger") or {}, cuda=cuda),
-        ckpt_path=tree.get("ckpt_path"), weights_only=bool(tree.get("weights_only", True)),
-        modes={m: tree.get(m) or {} for m in MODE_GROUPS}, config=cfg,
-        run_dir_given=run_dir_given)
+        model=None
+        if model is None
+        else ModelSpec(config=model, name=str(model["detector"]["name"]), loader_resizes=recipe.resizes_as_model),
+        trainer=TrainerSpec(
+            args=trainer,
+            callbacks=list((tree.get("callbacks") or {}).values()),
+            loggers=tree.get("logger") or {},
+            cuda=cuda,
+        ),
+        ckpt_path=tree.get("ckpt_path"),
+        weights_only=bool(tree.get("weights_only", True)),
+        modes={m: tree.get(m) or {} for m in MODE_GROUPS},
+        config=cfg,
+        run_dir_given=run_dir_given,
+    )
 
 
 def plain_tree(cfg: DictConfig) -> dict:
     """The tree as plain Python, resolved, the schemas' choices as their strings."""
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-
-
 
 
 def with_trained_config(cfg: DictConfig, overrides: list[str]) -> None:
@@ -95,7 +106,12 @@ def with_trained_config(cfg: DictConfig, overrides: list[str]) -> None:
     ckpt = cfg.get("ckpt_path")
     if not HydraConfig.initialized():  # composed by a program (tests, an API user): it says what it means
         return
-    if cfg.get("mode") not in CHECKPOINT_MODES or not ckpt or ckpt in ("last", "last_if_any") or not Path(str(ckpt)).is_file():
+    if (
+        cfg.get("mode") not in CHECKPOINT_MODES
+        or not ckpt
+        or ckpt in ("last", "last_if_any")
+        or not Path(str(ckpt)).is_file()
+    ):
         return  # a missing file is refused, in one line, where the weights are read
     keys = [o.lstrip("+").split("=", 1)[0] for o in overrides if not o.startswith("~")]
     chosen = {k for k in keys if k in TRAINED_GROUPS} | (set(TRAINED_GROUPS) if "experiment" in keys else set())
@@ -104,19 +120,25 @@ def with_trained_config(cfg: DictConfig, overrides: list[str]) -> None:
         return
     trained, source = _trained_groups(Path(str(ckpt)), bool(cfg.get("weights_only", True)))
     if trained is None:
-        log.info("%s: the run's config is neither in the checkpoint nor beside it; the dataset and model are this "
-                 "command's", ckpt)
+        log.info(
+            "%s: the run's config is neither in the checkpoint nor beside it; the dataset and model are this command's",
+            ckpt,
+        )
         return
     with open_dict(cfg):
         for group in (g for g in wanted if trained.get(g) is not None):
             node = OmegaConf.create(trained[group])
             for key in (k for k in keys if k.startswith(group + ".")):
-                OmegaConf.update(node, key[len(group) + 1:], OmegaConf.select(cfg, key), merge=False, force_add=True)
+                OmegaConf.update(node, key[len(group) + 1 :], OmegaConf.select(cfg, key), merge=False, force_add=True)
             if cfg.get("weights_only", True):
                 _refuse_foreign_targets(OmegaConf.to_container(node, resolve=False), group, keys, str(ckpt))
             cfg[group] = node
-    log.info("mode=%s: %s as the run was trained (%s); the command line's own keys over them", cfg.mode,
-             ", ".join(wanted), source)
+    log.info(
+        "mode=%s: %s as the run was trained (%s); the command line's own keys over them",
+        cfg.mode,
+        ", ".join(wanted),
+        source,
+    )
 
 
 # What a checkpoint's config may name for Hydra to build, when the checkpoint is not trusted with
@@ -130,9 +152,11 @@ def _refuse_foreign_targets(group_tree: dict, group: str, keys: list[str], ckpt:
     command line set itself is the user's own)."""
     for path, _, target in targets_in(group_tree, group):
         if path not in keys and not str(target).startswith(TRUSTED_TARGETS):
-            raise ConfigError(f"{ckpt} names {path}={target} for its run's config, which is not cocodet's or "
-                              f"torch.optim's: with weights_only=true a checkpoint's config never names code to run. "
-                              f"Pass {group}=... (or {path}=...) yourself, or weights_only=false for a file you trust")
+            raise ConfigError(
+                f"{ckpt} names {path}={target} for its run's config, which is not cocodet's or "
+                f"torch.optim's: with weights_only=true a checkpoint's config never names code to run. "
+                f"Pass {group}=... (or {path}=...) yourself, or weights_only=false for a file you trust"
+            )
 
 
 def _trained_groups(ckpt: Path, weights_only: bool) -> tuple[dict | None, str]:

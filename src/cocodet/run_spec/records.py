@@ -24,7 +24,7 @@ class RecipeSpec:
     learns from the rest of the config (``image_size``; a reference preset's model resize)."""
 
     family: type | None  # the class the target names (None: augment has no target)
-    config: dict         # the augment group, resolved, with its _target_
+    config: dict  # the augment group, resolved, with its _target_
     image_size: int
     model_sizes: tuple[int, int] | None = None  # what the recipe needs of the chosen model (its resize)
 
@@ -52,11 +52,17 @@ class RecipeSpec:
             return RecipeShape(self.image_size, self.image_size, self.image_size)
         geometry = self.family.geometry(self.config, self.image_size, lambda: self.recipe)
         aug, source = self.config, geometry.partners_from
-        return RecipeShape(self.image_size, geometry.train_side, geometry.val_side,
-                           partner_window=int(aug["partner_window"]) if source == "window" else 0,
-                           partner_pool=aug.get("partner_pool") or 0, partners_from=source,
-                           preset_grouping=geometry.preset_grouping, square_outputs=geometry.square_outputs,
-                           working_bytes=geometry.working_bytes)
+        return RecipeShape(
+            self.image_size,
+            geometry.train_side,
+            geometry.val_side,
+            partner_window=int(aug["partner_window"]) if source == "window" else 0,
+            partner_pool=aug.get("partner_pool") or 0,
+            partners_from=source,
+            preset_grouping=geometry.preset_grouping,
+            square_outputs=geometry.square_outputs,
+            working_bytes=geometry.working_bytes,
+        )
 
     @cached_property
     def recipe(self):
@@ -113,8 +119,8 @@ class StorageSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    config: dict        # the model group, resolved, for instantiate
-    name: str           # model.detector.name
+    config: dict  # the model group, resolved, for instantiate
+    name: str  # model.detector.name
     loader_resizes: bool  # a reference preset resizes images as the model would (design §13)
 
 
@@ -123,9 +129,9 @@ class TrainerSpec:
     """Lightning's Trainer arguments and the objects Hydra builds beside it."""
 
     args: dict
-    callbacks: list     # each a config with _target_
-    loggers: dict       # name -> config with _target_
-    cuda: bool          # batches go to a CUDA device
+    callbacks: list  # each a config with _target_
+    loggers: dict  # name -> config with _target_
+    cuda: bool  # batches go to a CUDA device
 
     @property
     def device(self):

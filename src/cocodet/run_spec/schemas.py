@@ -96,8 +96,14 @@ class PreviewSchema:
     epoch: int = MISSING
 
 
-SCHEMAS = {"loader": LoaderSchema, "bench": BenchSchema, "eval": EvalSchema, "predict": PredictSchema,
-           "export": ExportSchema, "preview": PreviewSchema}
+SCHEMAS = {
+    "loader": LoaderSchema,
+    "bench": BenchSchema,
+    "eval": EvalSchema,
+    "predict": PredictSchema,
+    "export": ExportSchema,
+    "preview": PreviewSchema,
+}
 
 
 def declared_keys(group: str) -> tuple[str, ...] | None:

@@ -37,13 +37,19 @@ def validate(cfg: DictConfig, tree: dict, overrides: list[str] = ()) -> None:
         if value is not _ABSENT:
             rule.validate(value)
     # Unresolved: a value from ${oc.env:...} (the environment) is allowed, a literal one is not.
-    secrets = credential_keys(OmegaConf.to_container(cfg.dataset.get("storage_options") or {}, resolve=False),
-                              "dataset.storage_options") if cfg.get("dataset") else []
+    secrets = (
+        credential_keys(
+            OmegaConf.to_container(cfg.dataset.get("storage_options") or {}, resolve=False), "dataset.storage_options"
+        )
+        if cfg.get("dataset")
+        else []
+    )
     mlflow = (cfg.get("logger") or {}).get("mlflow")
     secrets += credential_keys(OmegaConf.to_container(mlflow, resolve=False), "logger.mlflow") if mlflow else []
     if secrets:
-        raise ConfigError(f"{', '.join(secrets)}: a credential in the config (Hydra writes it to .hydra/config.yaml): "
-                          f"{ADVICE}")
+        raise ConfigError(
+            f"{', '.join(secrets)}: a credential in the config (Hydra writes it to .hydra/config.yaml): {ADVICE}"
+        )
 
 
 def _select(tree: dict, key: str):
@@ -67,9 +73,11 @@ def undeclared(group: str, keys: set[str], declared: tuple[str, ...], taker: str
     for key in unknown:
         closest = difflib.get_close_matches(key, declared, n=1, cutoff=0.6)
         named.append(f"{group}.{key}" + (f" (did you mean {group}.{closest[0]}?)" if closest else ""))
-    raise ConfigError(f"unknown {group} key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: "
-                      f"{taker or f'the {group} group'} takes {', '.join(k for k in declared if k != '_target_')} "
-                      "(a typo, or a key for another group?)")
+    raise ConfigError(
+        f"unknown {group} key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: "
+        f"{taker or f'the {group} group'} takes {', '.join(k for k in declared if k != '_target_')} "
+        "(a typo, or a key for another group?)"
+    )
 
 
 # Modes that build neither a Trainer nor a model: they import Lightning (or an optimizer's
@@ -105,7 +113,7 @@ def _appended(overrides: list[str], group: str) -> set[str]:
     for override in overrides:
         key = override.split("=", 1)[0]
         if key.startswith("+") and key.lstrip("+").startswith(group + "."):
-            keys.add(key.lstrip("+")[len(group) + 1:].split(".")[0])
+            keys.add(key.lstrip("+")[len(group) + 1 :].split(".")[0])
     return keys
 
 

@@ -49,6 +49,8 @@ def figure(summary: dict, mode: str, optimized_metric: str | None) -> float | No
     value = summary.get(metric)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-        raise TrialFailed(f"optimized_metric={metric}: the mode={mode} summary holds {value!r} there, not a finite "
-                          f"number; its numeric keys: {', '.join(numeric) or 'none'}")
+        raise TrialFailed(
+            f"optimized_metric={metric}: the mode={mode} summary holds {value!r} there, not a finite "
+            f"number; its numeric keys: {', '.join(numeric) or 'none'}"
+        )
     return float(value)

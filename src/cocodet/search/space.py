@@ -39,8 +39,10 @@ def distributions(params: dict) -> dict:
         elif isinstance(sweep, IntervalSweep):
             out[key] = FloatDistribution(float(sweep.start), float(sweep.end), log=log)
         else:
-            raise ConfigError(f"hydra.sweeper.params.{key}={text!r} is not a sweep: expected choice(...), range(...), "
-                              "interval(a, b), int(interval(a, b)) or tag(log, interval(a, b))")
+            raise ConfigError(
+                f"hydra.sweeper.params.{key}={text!r} is not a sweep: expected choice(...), range(...), "
+                "interval(a, b), int(interval(a, b)) or tag(log, interval(a, b))"
+            )
     return out
 
 

@@ -32,12 +32,12 @@ def open_storage(storage: str | None, sweep_dir: Path):
     if url.startswith(JOURNAL):
         from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
-        path = Path(url[len(JOURNAL):]).expanduser()
+        path = Path(url[len(JOURNAL) :]).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         # An open(O_EXCL) lock works on NFS and local disks alike, where symlinks may not.
         return optuna.storages.JournalStorage(JournalFileBackend(str(path), JournalFileOpenLock(str(path))))
     if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     # SQLite under concurrent writers (two launchers on one file): wait for the lock, not fail.
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     return optuna.storages.RDBStorage(url, engine_kwargs=engine)

@@ -48,9 +48,11 @@ def parallelism(settings: SweepSettings, launcher_cfg: DictConfig) -> int:
     target = str(launcher_cfg.get("_target_", ""))
     launcher_jobs = launcher_cfg.get("n_jobs") or launcher_cfg.get("array_parallelism") or 1
     if settings.exclusive and target.endswith("JoblibLauncher") and int(launcher_jobs) != 1:
-        raise ConfigError(f"this search measures the host's cores, one trial at a time: hydra/launcher=local_parallel "
-                          f"(n_jobs={launcher_jobs}) would run {launcher_jobs} trials on the same cores, each measuring "
-                          "the others; leave the launcher out (one trial at a time)")
+        raise ConfigError(
+            f"this search measures the host's cores, one trial at a time: hydra/launcher=local_parallel "
+            f"(n_jobs={launcher_jobs}) would run {launcher_jobs} trials on the same cores, each measuring "
+            "the others; leave the launcher out (one trial at a time)"
+        )
     jobs = int(launcher_jobs) if settings.n_jobs == "auto" else int(settings.n_jobs)
     if settings.exclusive and jobs != 1:
         raise ConfigError(f"hydra.sweeper.n_jobs={jobs}: this search measures the host, one trial at a time (n_jobs=1)")
@@ -65,8 +67,10 @@ class StudySweep:
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
         self.metric = metric_name(str(config.mode), config.get("optimized_metric"))
         if self.metric is None:
-            raise ConfigError(f"mode={config.mode} returns no figure to search on: name one with optimized_metric=KEY "
-                              "(a numeric top-level key of the mode's summary)")
+            raise ConfigError(
+                f"mode={config.mode} returns no figure to search on: name one with optimized_metric=KEY "
+                "(a numeric top-level key of the mode's summary)"
+            )
         self.direction = direction(self.metric, config.get("optimized_direction"))
         self.jobs = parallelism(settings, config.hydra.launcher)
 
@@ -82,12 +86,23 @@ class StudySweep:
         OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
         storage = open_storage(self.settings.storage, self.sweep_dir)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(storage=storage, study_name=self.settings.study_name, direction=self.direction,
-                                    sampler=optuna.samplers.TPESampler(seed=self.settings.seed), load_if_exists=True)
+        study = optuna.create_study(
+            storage=storage,
+            study_name=self.settings.study_name,
+            direction=self.direction,
+            sampler=optuna.samplers.TPESampler(seed=self.settings.seed),
+            load_if_exists=True,
+        )
         self._record(fixed)
-        log.info("study %s in %s: %s of %s, %d trials to finish, %d at a time", self.settings.study_name,
-                 shown(self.settings.storage, self.sweep_dir), self.direction, self.metric, self.settings.n_trials,
-                 self.jobs)
+        log.info(
+            "study %s in %s: %s of %s, %d trials to finish, %d at a time",
+            self.settings.study_name,
+            shown(self.settings.storage, self.sweep_dir),
+            self.direction,
+            self.metric,
+            self.settings.n_trials,
+            self.jobs,
+        )
         returns = []
         while True:
             trials.fail_stale(study, storage, self.settings.heartbeat_s)
@@ -147,8 +162,13 @@ class StudySweep:
                 self._tell_failed(study, trial, f"the job returned no {self.metric}")
                 continue
             study.tell(trial, float(value), state=TrialState.COMPLETE)
-            log.info("trial %d: %s = %g (%s)", trial.number, self.metric, value, " ".join(space.overrides(
-                trial.params, lists)))
+            log.info(
+                "trial %d: %s = %g (%s)",
+                trial.number,
+                self.metric,
+                value,
+                " ".join(space.overrides(trial.params, lists)),
+            )
         return results
 
     def _tell_failed(self, study, trial, reason: str) -> None:
@@ -159,6 +179,11 @@ class StudySweep:
         log.warning("trial %d failed: %s", trial.number, reason[:300])
 
     def _record(self, fixed: list[str]) -> None:
-        record = {"storage": shown(self.settings.storage, self.sweep_dir), "study_name": self.settings.study_name,
-                  "metric": self.metric, "direction": self.direction, "fixed": fixed}
+        record = {
+            "storage": shown(self.settings.storage, self.sweep_dir),
+            "study_name": self.settings.study_name,
+            "metric": self.metric,
+            "direction": self.direction,
+            "fixed": fixed,
+        }
         (self.sweep_dir / STUDY_RECORD).write_text(json.dumps(record, indent=1) + "\n")

@@ -87,8 +87,9 @@ def fail_stale(study, storage, interval_s: float) -> int:
         except UpdateFinishedTrialError:
             continue  # another launcher failed it first
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-        log.warning("study: trial %d was left running by a launcher that stopped; its parameters are asked again",
-                    trial.number)
+        log.warning(
+            "study: trial %d was left running by a launcher that stopped; its parameters are asked again", trial.number
+        )
         failed += 1
     return failed
 
@@ -97,8 +98,9 @@ def counted(trial) -> bool:
     """A finished trial that counts towards ``n_trials`` (stale ones are asked again)."""
     from optuna.trial import TrialState
 
-    return trial.state == TrialState.COMPLETE or (trial.state == TrialState.FAIL and
-                                                  trial.user_attrs.get(FAILURE) not in (STALE, SURPLUS))
+    return trial.state == TrialState.COMPLETE or (
+        trial.state == TrialState.FAIL and trial.user_attrs.get(FAILURE) not in (STALE, SURPLUS)
+    )
 
 
 def tally(study) -> tuple[int, int]:

@@ -28,17 +28,26 @@ def conclude(study, sweep_dir: Path, fixed: list[str], metric: str, direction: s
     plots(study, sweep_dir)
     complete = [t for t in study.get_trials(deepcopy=False) if t.value is not None]
     if not complete:
-        log.warning("study %s: no trial completed; see %s for each one's failure", study.study_name,
-                    sweep_dir / TRIALS_FILE)
+        log.warning(
+            "study %s: no trial completed; see %s for each one's failure", study.study_name, sweep_dir / TRIALS_FILE
+        )
         return None
     best = study.best_trial
     overrides = [*fixed, *space.overrides(best.params, lists)]
-    record = {"trial": best.number, metric: best.value, "metric": metric, "direction": direction,
-              "study": study.study_name, "overrides": overrides}
+    record = {
+        "trial": best.number,
+        metric: best.value,
+        "metric": metric,
+        "direction": direction,
+        "study": study.study_name,
+        "overrides": overrides,
+    }
     (sweep_dir / BEST_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
     command = "python train.py " + " ".join(shlex.quote(o) for o in overrides)
-    print(f"best: trial {best.number}, {metric} = {best.value:g} ({sweep_dir / BEST_FILE}); reuse it: {command}",
-          flush=True)
+    print(
+        f"best: trial {best.number}, {metric} = {best.value:g} ({sweep_dir / BEST_FILE}); reuse it: {command}",
+        flush=True,
+    )
     return record
 
 
@@ -62,8 +71,15 @@ def load_study(sweep_dir: Path, storage: str | None = None):
 def trial_rows(study) -> list[dict]:
     rows = []
     for t in study.get_trials(deepcopy=False):
-        rows.append({"trial": t.number, "state": t.state.name.lower(), "value": t.value, **t.params,
-                     "failure": t.user_attrs.get(trials.FAILURE)})
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name.lower(),
+                "value": t.value,
+                **t.params,
+                "failure": t.user_attrs.get(trials.FAILURE),
+            }
+        )
     return rows
 
 
@@ -88,8 +104,10 @@ def plots(study, sweep_dir: Path) -> list[Path]:
 
     warnings.filterwarnings("ignore", category=ExperimentalWarning)  # the plots' interface, not their figures
     written = []
-    for name, draw in (("history.png", optuna_plots.plot_optimization_history),
-                       ("importance.png", optuna_plots.plot_param_importances)):
+    for name, draw in (
+        ("history.png", optuna_plots.plot_optimization_history),
+        ("importance.png", optuna_plots.plot_param_importances),
+    ):
         try:
             axes = draw(study)
         except (ValueError, RuntimeError, ZeroDivisionError) as e:  # too few completed trials to rank

@@ -49,8 +49,10 @@ def build_atomically(folder: Path, write: Callable[[Path], dict]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
         meta = write(tmp)
-        meta["files"] = {p.name: {"bytes": p.stat().st_size, **({"sha256": _sha256(p)} if p.suffix == ".npy" else {})}
-                         for p in sorted(tmp.iterdir())}
+        meta["files"] = {
+            p.name: {"bytes": p.stat().st_size, **({"sha256": _sha256(p)} if p.suffix == ".npy" else {})}
+            for p in sorted(tmp.iterdir())
+        }
         (tmp / MANIFEST).write_text(json.dumps(meta))
         if folder.exists():
             shutil.rmtree(folder)
@@ -109,8 +111,9 @@ def build_once(folder: Path, build: Callable[[], None], expect: dict) -> None:
         lock = open(folder.parent / f"{folder.name}.lock", "w")
     except OSError as e:
         if e.errno in UNWRITABLE:
-            raise CacheUnwritable(e.errno, f"{folder.parent} is not writable ({e.strerror}) and holds no valid "
-                                           f"cache ({why})") from e
+            raise CacheUnwritable(
+                e.errno, f"{folder.parent} is not writable ({e.strerror}) and holds no valid cache ({why})"
+            ) from e
         raise
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -15,9 +15,21 @@ from cocodet.errors import RunStopped, UserError
 
 # Environment variables whose values must never appear in a message (the standard chain's).
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
-_DENIED_CODES = {"AccessDenied", "Forbidden", "403", "401", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                 "ExpiredToken", "ExpiredTokenException", "InvalidToken", "TokenRefreshRequired",
-                 "AllAccessDisabled", "AccountProblem", "UnauthorizedAccess"}
+_DENIED_CODES = {
+    "AccessDenied",
+    "Forbidden",
+    "403",
+    "401",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "UnauthorizedAccess",
+}
 
 
 class StoreError(UserError):
@@ -56,12 +68,29 @@ class StoreDown(StoreError, RunStopped):
 
 # Failures worth retrying: the store is busy, restarting or briefly unreachable.
 TRANSIENT = (StoreTimeout, StoreUnreachable, StoreTransient)
-_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "Throttling",
-                    "ThrottlingException", "RequestTimeout", "RequestLimitExceeded", "BadGateway"}
+_TRANSIENT_CODES = {
+    "500",
+    "502",
+    "503",
+    "504",
+    "InternalError",
+    "ServiceUnavailable",
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestLimitExceeded",
+    "BadGateway",
+}
 # A response cut short (the store or a proxy restarted mid-body: aiohttp's ClientPayloadError,
 # botocore's IncompleteReadError / ResponseStreamingError): the next attempt reads it whole.
-_CUT_SHORT = {"ClientPayloadError", "ContentLengthError", "IncompleteReadError", "ResponseStreamingError",
-              "ServerDisconnectedError"}
+_CUT_SHORT = {
+    "ClientPayloadError",
+    "ContentLengthError",
+    "IncompleteReadError",
+    "ResponseStreamingError",
+    "ServerDisconnectedError",
+}
 
 
 def redact(text: str) -> str:
@@ -91,23 +120,33 @@ def classified(url: str, operation: str, error: Exception, deadline: float, endp
     code, message = _error_code(error)
     bucket = bucket_of(url)
     if isinstance(error, PermissionError) or code in _DENIED_CODES or "NoCredentials" in type(error).__name__:
-        return StoreAccessError(redact(
-            f"{url}: the store refused {operation} on bucket {bucket!r} ({code or 'denied'}: {message or error}). "
-            "Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), "
-            "AWS_PROFILE or the instance's role: check they are set, current and allowed to read this bucket"))
+        return StoreAccessError(
+            redact(
+                f"{url}: the store refused {operation} on bucket {bucket!r} ({code or 'denied'}: {message or error}). "
+                "Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), "
+                "AWS_PROFILE or the instance's role: check they are set, current and allowed to read this bucket"
+            )
+        )
     if isinstance(error, (FSTimeoutError, TimeoutError)) or "timeout" in type(error).__name__.lower():
-        return StoreTimeout(redact(
-            f"{url}: the store at {endpoint} did not answer {operation} within dataset.remote.timeout_s="
-            f"{deadline:g} s; check the endpoint (dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL) and the "
-            "network, or raise dataset.remote.timeout_s"))
+        return StoreTimeout(
+            redact(
+                f"{url}: the store at {endpoint} did not answer {operation} within dataset.remote.timeout_s="
+                f"{deadline:g} s; check the endpoint (dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL) and the "
+                "network, or raise dataset.remote.timeout_s"
+            )
+        )
     if "connect" in type(error).__name__.lower() or "connect" in str(error).lower():
-        return StoreUnreachable(redact(
-            f"{url}: cannot connect to the store at {endpoint} for {operation} ({error}); check "
-            "dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL"))
+        return StoreUnreachable(
+            redact(
+                f"{url}: cannot connect to the store at {endpoint} for {operation} ({error}); check "
+                "dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL"
+            )
+        )
     transient = code in _TRANSIENT_CODES or isinstance(error, ConnectionError) or type(error).__name__ in _CUT_SHORT
     kind = StoreTransient if transient else StoreError
-    return kind(redact(f"{url}: {operation} failed ({type(error).__name__}: {code + ' ' if code else ''}"
-                       f"{message or error})"))
+    return kind(
+        redact(f"{url}: {operation} failed ({type(error).__name__}: {code + ' ' if code else ''}{message or error})")
+    )
 
 
 def bucket_of(url: str) -> str:

@@ -27,8 +27,11 @@ def local_copy(url: str, cache_dir: str | os.PathLike | None) -> Path:
     ensure_folder(base)
     tag = re.sub(r"[^A-Za-z0-9]", "", info["etag"])[:40] or str(info["size"])
     folder = base / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{tag}"
-    build_once(folder, lambda: build_atomically(folder, lambda tmp: _fetched(url, info, tmp / name)),
-               {"format": 1, "url": url, "etag": info["etag"]})
+    build_once(
+        folder,
+        lambda: build_atomically(folder, lambda tmp: _fetched(url, info, tmp / name)),
+        {"format": 1, "url": url, "etag": info["etag"]},
+    )
     return folder / name
 
 
@@ -41,8 +44,10 @@ def _download(url: str, info: dict, path: Path) -> Path:
     # A large file may take longer than one timeout: allow 1 MB/s on top of it.
     data = call(url, "GetObject", "cat_file", url, deadline=settings().timeout_s + info["size"] / 1e6)
     if len(data) != info["size"]:
-        raise StoreError(f"{url}: read {len(data)} bytes, the store lists {info['size']}; the object changed "
-                         "while it was read, start again")
+        raise StoreError(
+            f"{url}: read {len(data)} bytes, the store lists {info['size']}; the object changed "
+            "while it was read, start again"
+        )
     path.write_bytes(data)
     return path
 

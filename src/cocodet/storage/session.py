@@ -52,16 +52,23 @@ _down_since = None
 _lock = None
 
 
-def configure(storage_options: dict | None = None, timeout_s: float = 60.0, retries: int = 5,
-              give_up_s: float = 120.0, rank: int | None = None, **read_ahead) -> None:
+def configure(
+    storage_options: dict | None = None,
+    timeout_s: float = 60.0,
+    retries: int = 5,
+    give_up_s: float = 120.0,
+    rank: int | None = None,
+    **read_ahead,
+) -> None:
     """Set how remote URLs are opened, for this process and the workers it forks
     (``rank``: this process's global rank, read once by ``cocodet/ranks.py``; None keeps the one
     configured before, as the datamodule's own call does; ``read_ahead``:
     the remote group's read-ahead keys, used by ``read_ahead/start.py``)."""
     global _settings, _counts, _down_since, _lock
     options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
-    _settings = StoreSettings(options, float(timeout_s), int(retries), float(give_up_s),
-                              _settings.rank if rank is None else int(rank))
+    _settings = StoreSettings(
+        options, float(timeout_s), int(retries), float(give_up_s), _settings.rank if rank is None else int(rank)
+    )
     _filesystems.clear()
     if _counts is None:
         import multiprocessing
@@ -103,10 +110,12 @@ def check_store_up(url: str, operation: str) -> None:
     a reader that waits on another process's request instead of making its own."""
     failing = down_for()
     if failing > _settings.give_up_s:
-        raise StoreDown(f"{url}: the store has answered no request for {failing:.0f} s while {operation} waited; "
-                        f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
-                        "if training had started: resume with the same command plus ckpt_path=last once the store "
-                        "answers")
+        raise StoreDown(
+            f"{url}: the store has answered no request for {failing:.0f} s while {operation} waited; "
+            f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
+            "if training had started: resume with the same command plus ckpt_path=last once the store "
+            "answers"
+        )
 
 
 def count(name: str, amount: float = 1) -> None:
@@ -168,20 +177,24 @@ def call(url: str, operation: str, method: str, *args, deadline: float | None = 
             first_failure = first_failure or now
             failing = max(now - first_failure, _failing_for(now))
             if retries >= _settings.retries and failing >= _settings.give_up_s:
-                raise StoreDown(redact(
-                    f"{url}: the store has failed {operation} for {failing:.0f} s ({retries} retries; last: {e}); "
-                    f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
-                    "if training had started: resume with the same command plus ckpt_path=last once the store "
-                    "answers")) from None
+                raise StoreDown(
+                    redact(
+                        f"{url}: the store has failed {operation} for {failing:.0f} s ({retries} retries; last: {e}); "
+                        f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
+                        "if training had started: resume with the same command plus ckpt_path=last once the store "
+                        "answers"
+                    )
+                ) from None
             retries += 1
             count("retries")
-            pause = random.uniform(0, min(BACKOFF_CAP_S, 0.1 * 2 ** retries))
+            pause = random.uniform(0, min(BACKOFF_CAP_S, 0.1 * 2**retries))
             time.sleep(min(pause, max(0.0, _settings.give_up_s - failing)) if retries > _settings.retries else pause)
             continue
         _answered()
         if retries:
-            log.warning("%s: %s succeeded after %d retries (%.1f s)", url, operation, retries,
-                        time.monotonic() - first_failure)
+            log.warning(
+                "%s: %s succeeded after %d retries (%.1f s)", url, operation, retries, time.monotonic() - first_failure
+            )
         return result
 
 
@@ -196,8 +209,12 @@ def _attempt(url: str, operation: str, method: str, args: tuple, deadline: float
         return getattr(fs, method)(*args, **(kwargs or {}))
     except FileNotFoundError as e:
         if "bucket" in str(e).lower() and "not exist" in str(e).lower():
-            raise StoreAccessError(redact(f"{url}: bucket {bucket_of(url)!r} does not exist ({operation}); "
-                                          "check dataset.root and the endpoint")) from None
+            raise StoreAccessError(
+                redact(
+                    f"{url}: bucket {bucket_of(url)!r} does not exist ({operation}); "
+                    "check dataset.root and the endpoint"
+                )
+            ) from None
         raise FileNotFoundError(f"{url}: no such object (404 on {operation})") from None
     except Exception as e:  # noqa: BLE001 - every other failure is classified below, never swallowed
         endpoint = _settings.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"

@@ -15,10 +15,18 @@ from __future__ import annotations
 import os
 
 from cocodet.storage.errors import (  # noqa: F401  (re-exported: the errors readers of this module catch)
-    TRANSIENT, StoreAccessError, StoreDown, StoreError, StoreTimeout, StoreTransient, StoreUnreachable, bucket_of,
-    classified, redact)
-from cocodet.storage.session import (  # noqa: F401  (re-exported: what readers configure and count)
-    call, check_store_up, configure, count, counts, down_for, settings)
+    TRANSIENT,
+    StoreAccessError,
+    StoreDown,
+    StoreError,
+    StoreTimeout,
+    StoreTransient,
+    StoreUnreachable,
+    bucket_of,
+    classified,
+    redact,
+)
+from cocodet.storage.session import call, check_store_up, configure, count, counts, down_for, settings  # noqa: F401  (re-exported: what readers configure and count)
 from cocodet.storage.urls import is_remote, join  # noqa: F401  (re-exported: every reader tells URLs apart)
 
 
@@ -63,10 +71,14 @@ def listing(prefix: str) -> dict[str, dict]:
     """Every object under ``prefix`` (recursive), by URL: ``{"size", "etag"}``. One LIST
     request per thousand objects: what the pixel cache's key and the plan's byte count read."""
     protocol = prefix.split("://", 1)[0]
-    found = call(prefix, "ListObjectsV2", "find", prefix.rstrip("/") + "/", None, False, True,
-                  deadline=settings().timeout_s * 10)
-    return {f"{protocol}://{name}": {"size": int(meta.get("size", 0)), "etag": str(meta.get("ETag", "")).strip('"')}
-            for name, meta in found.items() if meta.get("type", "file") == "file"}
+    found = call(
+        prefix, "ListObjectsV2", "find", prefix.rstrip("/") + "/", None, False, True, deadline=settings().timeout_s * 10
+    )
+    return {
+        f"{protocol}://{name}": {"size": int(meta.get("size", 0)), "etag": str(meta.get("ETag", "")).strip('"')}
+        for name, meta in found.items()
+        if meta.get("type", "file") == "file"
+    }
 
 
 def file_stamps(paths) -> list[str]:

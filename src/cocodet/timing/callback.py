@@ -59,9 +59,12 @@ class LoaderTimingCallback(L.Callback):
         wait = self._batch_start - self._last_end
         self._m.add(wait, now - self._batch_start, len(batch[0]), epoch_start=self._first)
         if not self._first and trainer.global_step > WARMUP_STEPS and wait > self.slow_wait_s:
-            self._alarm("slow_wait", f"the training step waited {wait:.2f} s for a batch at step {trainer.global_step} "
-                        f"(epoch {trainer.current_epoch}; threshold {self.slow_wait_s} s): the loader is behind. "
-                        "Measure it with mode=bench and compare loader.num_workers in a sweep")
+            self._alarm(
+                "slow_wait",
+                f"the training step waited {wait:.2f} s for a batch at step {trainer.global_step} "
+                f"(epoch {trainer.current_epoch}; threshold {self.slow_wait_s} s): the loader is behind. "
+                "Measure it with mode=bench and compare loader.num_workers in a sweep",
+            )
         self._first = False
         self._last_end = now
 
@@ -78,15 +81,23 @@ class LoaderTimingCallback(L.Callback):
             stats["worker_rss_mb"] = round(rss, 1)
             growth = rss_growth(self._worker_rss, rss)
             if growth is not None and growth > self.rss_growth_warn:
-                self._alarm("rss_growth", f"DataLoader worker RSS grew {100 * growth:.0f} % in epoch {trainer.current_epoch} "
-                            f"({self._worker_rss:.0f} -> {rss:.0f} MiB; threshold {100 * self.rss_growth_warn:.0f} %): "
-                            "a leak or copy-on-read in the dataset; mode=bench bench.epochs=N shows it per epoch")
+                self._alarm(
+                    "rss_growth",
+                    f"DataLoader worker RSS grew {100 * growth:.0f} % in epoch {trainer.current_epoch} "
+                    f"({self._worker_rss:.0f} -> {rss:.0f} MiB; threshold {100 * self.rss_growth_warn:.0f} %): "
+                    "a leak or copy-on-read in the dataset; mode=bench bench.epochs=N shows it per epoch",
+                )
             self._worker_rss = rss
         self.epochs.append(stats)
         # Across ranks the logged value is the ranks' mean; the log line and summary are this rank's.
-        pl_module.log_dict({f"loader/{k}": float(v) for k, v in stats.items()
-                            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)},
-                           sync_dist=trainer.world_size > 1)
+        pl_module.log_dict(
+            {
+                f"loader/{k}": float(v)
+                for k, v in stats.items()
+                if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
+            sync_dist=trainer.world_size > 1,
+        )
         log.info("loader epoch %d: %s", trainer.current_epoch, stats)
 
     def _alarm(self, kind: str, text: str) -> None:

@@ -43,8 +43,10 @@ class Measurement:
         it is most of it). ``examples_per_s`` counts the examples actually returned."""
         waits, works = np.array(self.waits[warmup:]), np.array(self.works[warmup:])
         if len(waits) == 0:
-            raise ValueError(f"no batches left after discarding {warmup} warm-up batches; "
-                             f"measured {len(self.waits)} — raise bench.batches or lower bench.warmup")
+            raise ValueError(
+                f"no batches left after discarding {warmup} warm-up batches; "
+                f"measured {len(self.waits)} — raise bench.batches or lower bench.warmup"
+            )
         examples = int(np.sum(self.examples[warmup:]))
         total = float(waits.sum() + works.sum())
         return {

@@ -45,8 +45,10 @@ class TransferTimer:
         seconds = self.drain()
         if not seconds:
             return {"h2d_mean_ms": None, "h2d_p95_ms": None}
-        return {"h2d_mean_ms": round(1000 * float(np.mean(seconds)), 3),
-                "h2d_p95_ms": round(1000 * float(np.percentile(seconds, 95)), 3)}
+        return {
+            "h2d_mean_ms": round(1000 * float(np.mean(seconds)), 3),
+            "h2d_p95_ms": round(1000 * float(np.percentile(seconds, 95)), 3),
+        }
 
 
 class _Span:
@@ -68,4 +70,3 @@ class _Span:
             self.timer._collect()
         else:
             self.timer.seconds.append(time.perf_counter() - self.t0)
-

@@ -16,8 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     replay = commands.add_parser("replay", help="send a run's mlflow_unsent.jsonl to its MLflow run (idempotent)")
     replay.add_argument("run_dir", help="the run's folder (hydra.run.dir), which holds mlflow_unsent.jsonl")
-    replay.add_argument("--tracking-uri", default=None,
-                        help="the server; default MLFLOW_TRACKING_URI, else the one the run's summary.json names")
+    replay.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="the server; default MLFLOW_TRACKING_URI, else the one the run's summary.json names",
+    )
     args = parser.parse_args(argv)
     from cocodet.tracking.replay import replay as run_replay
 

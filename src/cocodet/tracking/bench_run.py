@@ -10,14 +10,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
 from cocodet.credentials import redact
+from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
 from cocodet.tracking.guard import GuardedClient, bound_requests
-from cocodet.tracking.unsent import UNSENT_NAME
 from cocodet.tracking.run_record import end_tags, flat_params, start_tags, summary_metrics
 from cocodet.tracking.store import artifact_root, checkout_dir
 from cocodet.tracking.sweep import sweep_parent_id
 from cocodet.tracking.tracked_run import TrackedRun
+from cocodet.tracking.unsent import UNSENT_NAME
 
 
 def track_bench(cfg: DictConfig, plan, summary: dict, run_dir: Path) -> dict:
@@ -26,8 +26,12 @@ def track_bench(cfg: DictConfig, plan, summary: dict, run_dir: Path) -> dict:
     uri = str(options.tracking_uri)
     bound_requests(int(options.request_timeout_s), int(options.request_max_retries))
     run = TrackedRun(GuardedClient(uri, run_dir / UNSENT_NAME), str(options.experiment_name), artifact_root(uri))
-    run.start(str(options.run_name or run_dir.name), flat_params(cfg), start_tags(cfg, plan, Path(checkout_dir())),
-              parent_id=sweep_parent_id())
+    run.start(
+        str(options.run_name or run_dir.name),
+        flat_params(cfg),
+        start_tags(cfg, plan, Path(checkout_dir())),
+        parent_id=sweep_parent_id(),
+    )
     with run.guard.closing(float(options.close_within_s)):
         run.log_metrics(summary_metrics(summary), step=0)
         run.set_tags(end_tags({"status": "completed", **summary}))

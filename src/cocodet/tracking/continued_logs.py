@@ -43,8 +43,11 @@ def continue_logs(loggers, resumed_step: int) -> None:
 
 
 def _newest_version(root: Path) -> int | None:
-    found = [int(m.group(1)) for p in (root.iterdir() if root.is_dir() else [])
-             if (m := re.fullmatch(r"version_(\d+)", p.name)) and p.is_dir()]
+    found = [
+        int(m.group(1))
+        for p in (root.iterdir() if root.is_dir() else [])
+        if (m := re.fullmatch(r"version_(\d+)", p.name)) and p.is_dir()
+    ]
     return max(found) if found else None
 
 

@@ -50,15 +50,15 @@ class GuardedClient(RetryQueue):
         self.tracking_uri = tracking_uri
         self._unsent = UnsentCalls(Path(unsent_path))
         self.failure: str | None = None  # the current outage's first failure, in one line (None: in contact)
-        self.outages = 0       # outages met in this run
-        self.sent_late = 0     # calls the background retry sent after an outage
+        self.outages = 0  # outages met in this run
+        self.sent_late = 0  # calls the background retry sent after an outage
         self._client = None
         self._deadline: float | None = None
         self._uploads_within: float | None = None
         self._budget, self._timeout = 0.0, 120
         self._pending: deque = deque()  # (seq, method, args, kwargs) queued for the retry, in call order
-        self._lock = threading.Lock()       # the outage state and the queue
-        self._sending = threading.Lock()    # one sender of the queue at a time (the retry or the close)
+        self._lock = threading.Lock()  # the outage state and the queue
+        self._sending = threading.Lock()  # one sender of the queue at a time (the retry or the close)
         self._stop = threading.Event()
         self._retry: threading.Thread | None = None
         self._down_at = 0.0
@@ -109,8 +109,9 @@ class GuardedClient(RetryQueue):
             if self.failure is not None or self._pending:  # never wait on a server that failed; keep the order
                 return self._hold(method, args, kwargs, keep)
         if self._deadline is not None and time.monotonic() > self._deadline:
-            self._outage(f"the closing calls ran out of their {self._budget:g} s (logger.mlflow.close_within_s)",
-                         method)
+            self._outage(
+                f"the closing calls ran out of their {self._budget:g} s (logger.mlflow.close_within_s)", method
+            )
             with self._lock:
                 return self._hold(method, args, kwargs, keep)
         try:
@@ -140,9 +141,14 @@ class GuardedClient(RetryQueue):
                 return
             self.failure, self._down_at = redact(reason), time.monotonic()
             self.outages += 1
-        log.warning("MLflow: %s to %s failed (%s); training goes on, and what it sends meanwhile is kept in order "
-                    "and sent again once the server answers (whatever is left at the end stays in %s)", method,
-                    redact(self.tracking_uri), self.failure, self.unsent_path)
+        log.warning(
+            "MLflow: %s to %s failed (%s); training goes on, and what it sends meanwhile is kept in order "
+            "and sent again once the server answers (whatever is left at the end stays in %s)",
+            method,
+            redact(self.tracking_uri),
+            self.failure,
+            self.unsent_path,
+        )
 
     @contextmanager
     def closing(self, within_s: float, uploads: bool = False):
@@ -191,5 +197,10 @@ class GuardedClient(RetryQueue):
         self._unsent.rewrite()
 
     def summary(self) -> dict:
-        return {"unsent": self.unsent, "unsent_file": str(self.unsent_path) if self.unsent else None,
-                "failure": self.failure, "outages": self.outages, "sent_late": self.sent_late}
+        return {
+            "unsent": self.unsent,
+            "unsent_file": str(self.unsent_path) if self.unsent else None,
+            "failure": self.failure,
+            "outages": self.outages,
+            "sent_late": self.sent_late,
+        }

@@ -34,9 +34,18 @@ class MlflowLogger(Logger):
     (the last calls' budget: tags, texts, the status), artifacts_within_s (the artifact uploads'
     budget, after the status: a checkpoint is large)."""
 
-    def __init__(self, tracking_uri: str, experiment_name: str = "cocodet", run_name: str | None = None,
-                 log_model: bool = False, run_dir: str = ".", request_timeout_s: int = 5, request_max_retries: int = 1,
-                 close_within_s: float = 5.0, artifacts_within_s: float = 60.0):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_name: str = "cocodet",
+        run_name: str | None = None,
+        log_model: bool = False,
+        run_dir: str = ".",
+        request_timeout_s: int = 5,
+        request_max_retries: int = 1,
+        close_within_s: float = 5.0,
+        artifacts_within_s: float = 60.0,
+    ):
         super().__init__()
         bound_requests(request_timeout_s, request_max_retries)
         self.run_dir = Path(run_dir)

@@ -13,8 +13,9 @@ def parent_of(sweep_dir: Path) -> str:
     """The parent run id the sweep's callback wrote in ``sweep_dir``."""
     path = Path(sweep_dir) / PARENT_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: was the sweep run with logger=mlflow? (python train.py -m "
-                                "logger=mlflow ...)")
+        raise FileNotFoundError(
+            f"{path} not found: was the sweep run with logger=mlflow? (python train.py -m logger=mlflow ...)"
+        )
     return json.loads(path.read_text())["run_id"]
 
 
@@ -24,13 +25,19 @@ def load_sweep_runs(parent_id: str, tracking_uri: str) -> list[dict]:
 
     client = MlflowClient(tracking_uri=tracking_uri)
     parent = client.get_run(parent_id)
-    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'",
-                                  max_results=10000)
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=10000
+    )
     rows = []
     for run in children:
         tags = run.data.tags
-        row = {**run.data.metrics, "job": tags.get("cocodet.job", run.info.run_name), "status": tags.get("cocodet.status"),
-               "overrides": tags.get("cocodet.overrides", ""), "run_id": run.info.run_id}
+        row = {
+            **run.data.metrics,
+            "job": tags.get("cocodet.job", run.info.run_name),
+            "status": tags.get("cocodet.status"),
+            "overrides": tags.get("cocodet.overrides", ""),
+            "run_id": run.info.run_id,
+        }
         for key in ("num_workers", "prefetch_factor", "batch_size", "batches"):
             if key in row:
                 row[key] = int(row[key])

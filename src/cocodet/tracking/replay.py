@@ -36,14 +36,26 @@ def replay(run_dir: str | Path, tracking_uri: str | None = None) -> dict:
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or _uri_of(run_dir)
     client = MlflowClient(tracking_uri=uri)
     run_id = next((r["run_id"] for r in records if r.get("run_id")), None)
-    sent = {"run_id": run_id, "tracking_uri": redact(uri), "created": False, "params": 0, "metrics": 0, "tags": 0,
-            "texts": 0, "artifacts": 0, "missing_files": [], "status": None}
+    sent = {
+        "run_id": run_id,
+        "tracking_uri": redact(uri),
+        "created": False,
+        "params": 0,
+        "metrics": 0,
+        "tags": 0,
+        "texts": 0,
+        "artifacts": 0,
+        "missing_files": [],
+        "status": None,
+    }
     if run_id is None:
         run_id = _create(client, records)
         sent.update(run_id=run_id, created=True)
         with path.open("a") as f:  # a second replay goes to this run
-            f.write(json.dumps({"seq": len(records), "call": "replayed", "run_id": run_id,
-                                "time": round(time.time(), 3)}) + "\n")
+            f.write(
+                json.dumps({"seq": len(records), "call": "replayed", "run_id": run_id, "time": round(time.time(), 3)})
+                + "\n"
+            )
     _Sender(client, run_id, sent).send(records)
     if sent["status"]:  # last: the run ends as it ended, once everything else is there
         client.set_terminated(run_id, sent["status"])
@@ -112,8 +124,10 @@ def _uri_of(run_dir: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         uri = None
     if not uri or "***" in uri:  # redacted: the user must say where, with the credentials in the environment
-        raise UserError(f"which MLflow server: {run_dir / 'summary.json'} does not name one that can be used; pass "
-                        "--tracking-uri URI or set MLFLOW_TRACKING_URI")
+        raise UserError(
+            f"which MLflow server: {run_dir / 'summary.json'} does not name one that can be used; pass "
+            "--tracking-uri URI or set MLFLOW_TRACKING_URI"
+        )
     return uri
 
 

@@ -13,10 +13,18 @@ from cocodet.credentials import is_credential, redact
 
 # How each summary status ends the MLflow run (errors.RUN_STATUSES): a run stopped from outside
 # (a preemption, a store that went away) can be resumed, so KILLED; the run's own failures FAILED.
-MLFLOW_STATUS = {"completed": "FINISHED", "preempted": "KILLED", "interrupted": "KILLED", "store_down": "KILLED",
-                 "diverged": "FAILED", "collapsed": "FAILED", "disk_full": "FAILED", "nonfinite": "FAILED"}
+MLFLOW_STATUS = {
+    "completed": "FINISHED",
+    "preempted": "KILLED",
+    "interrupted": "KILLED",
+    "store_down": "KILLED",
+    "diverged": "FAILED",
+    "collapsed": "FAILED",
+    "disk_full": "FAILED",
+    "nonfinite": "FAILED",
+}
 PARAM_VALUE_MAX = 6000  # MLflow refuses longer parameter values
-PARAM_BATCH = 100       # and more than 100 parameters in one log_batch
+PARAM_BATCH = 100  # and more than 100 parameters in one log_batch
 
 
 def flat_params(cfg: DictConfig) -> dict[str, str]:
@@ -41,9 +49,14 @@ def flat_params(cfg: DictConfig) -> dict[str, str]:
 
 def start_tags(cfg: DictConfig, plan, checkout: Path | None) -> dict[str, str]:
     """Tags known when the run starts: the preset, the git commit, the loader plan, the folder."""
-    tags = {"cocodet.mode": str(cfg.mode), "cocodet.run_dir": str(Path(cfg.output_dir).resolve()),
-            "cocodet.loader.workers": str(plan.num_workers), "cocodet.loader.source": str(plan.source),
-            "mlflow.source.name": "train.py", "mlflow.source.type": "LOCAL"}  # what MLflow's UI shows as the source
+    tags = {
+        "cocodet.mode": str(cfg.mode),
+        "cocodet.run_dir": str(Path(cfg.output_dir).resolve()),
+        "cocodet.loader.workers": str(plan.num_workers),
+        "cocodet.loader.source": str(plan.source),
+        "mlflow.source.name": "train.py",
+        "mlflow.source.type": "LOCAL",
+    }  # what MLflow's UI shows as the source
     user = user_name()
     if user:
         tags["mlflow.user"] = user
@@ -86,8 +99,9 @@ def user_name() -> str | None:
 def git_commit(checkout: Path) -> str | None:
     """The commit checked out at ``checkout`` (None: not a git checkout, or no git)."""
     try:
-        out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -106,5 +120,12 @@ def end_tags(summary: dict) -> dict[str, str]:
 
 def summary_metrics(summary: dict, keys=None) -> dict[str, float]:
     """The summary's top-level numbers (``keys``: only these), for a run that logs once (bench)."""
-    return {k: float(v) for k, v in summary.items() if (keys is None or k in keys)
-            and isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")}
+    return {
+        k: float(v)
+        for k, v in summary.items()
+        if (keys is None or k in keys)
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and v == v
+        and abs(v) != float("inf")
+    }

@@ -48,7 +48,7 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (None: a server or another store)."""
     if not tracking_uri.startswith(SQLITE):
         return None
-    return Path(tracking_uri[len(SQLITE):]).resolve()
+    return Path(tracking_uri[len(SQLITE) :]).resolve()
 
 
 def artifact_root(tracking_uri: str) -> str | None:

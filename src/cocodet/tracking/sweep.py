@@ -43,8 +43,11 @@ class MlflowSweep(Callback):
         bound_requests(int(options.request_timeout_s), int(options.request_max_retries))
         run = TrackedRun(GuardedClient(uri, sweep_dir / UNSENT_NAME), str(options.experiment_name), artifact_root(uri))
         overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
-        run.start(str(sweep_dir), params={}, tags={"cocodet.sweep": str(sweep_dir.resolve()),
-                                                   "cocodet.overrides": redact(" ".join(overrides))})
+        run.start(
+            str(sweep_dir),
+            params={},
+            tags={"cocodet.sweep": str(sweep_dir.resolve()), "cocodet.overrides": redact(" ".join(overrides))},
+        )
         if run.run_id:
             (sweep_dir / PARENT_FILE).write_text(json.dumps({"run_id": run.run_id, "tracking_uri": redact(uri)}) + "\n")
             log.info("MLflow: sweep %s is parent run %s", sweep_dir, run.run_id)
@@ -67,8 +70,12 @@ def best_trial_tags(sweep_dir: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     best = yaml.safe_load(path.read_text())
-    return {"cocodet.best_trial": str(best["trial"]), "cocodet.best_value": str(best[best["metric"]]),
-            "cocodet.best_metric": best["metric"], "cocodet.best_overrides": redact(" ".join(best["overrides"]))}
+    return {
+        "cocodet.best_trial": str(best["trial"]),
+        "cocodet.best_value": str(best[best["metric"]]),
+        "cocodet.best_metric": best["metric"],
+        "cocodet.best_overrides": redact(" ".join(best["overrides"])),
+    }
 
 
 def sweep_parent_id() -> str | None:

@@ -25,8 +25,14 @@ class TrackedRun:
         self.resumed = False
         self.last_step: dict[str, int] = {}  # metric -> the last step sent (or held by the reopened run)
 
-    def start(self, run_name: str, params: dict[str, str], tags: dict[str, str], parent_id: str | None = None,
-              resume_id: str | None = None) -> None:
+    def start(
+        self,
+        run_name: str,
+        params: dict[str, str],
+        tags: dict[str, str],
+        parent_id: str | None = None,
+        resume_id: str | None = None,
+    ) -> None:
         """Reopen ``resume_id`` (parameters untouched: MLflow refuses a changed value, and a
         resumed command differs in ckpt_path and output_dir), or create a run and log ``params``."""
         if resume_id and self._reopen(resume_id, tags):
@@ -34,9 +40,13 @@ class TrackedRun:
         experiment_id = self._experiment_id()
         if parent_id:
             tags = {**tags, "mlflow.parentRunId": parent_id}
-        run = self.guard.call("create_run", experiment_id, run_name=run_name, tags=tags,
-                              keep={"experiment": self.experiment_name, "run_name": run_name, "tags": tags,
-                                    "params": params})
+        run = self.guard.call(
+            "create_run",
+            experiment_id,
+            run_name=run_name,
+            tags=tags,
+            keep={"experiment": self.experiment_name, "run_name": run_name, "tags": tags, "params": params},
+        )
         if run is None:
             return
         self.run_id = run.info.run_id
@@ -44,19 +54,27 @@ class TrackedRun:
         from mlflow.entities import Param
 
         for i in range(0, len(items), PARAM_BATCH):
-            chunk = items[i:i + PARAM_BATCH]
-            self.guard.call("log_batch", self.run_id, params=[Param(k, v) for k, v in chunk],
-                            keep={"run_id": self.run_id, "params": dict(chunk)})
+            chunk = items[i : i + PARAM_BATCH]
+            self.guard.call(
+                "log_batch",
+                self.run_id,
+                params=[Param(k, v) for k, v in chunk],
+                keep={"run_id": self.run_id, "params": dict(chunk)},
+            )
 
     def _reopen(self, run_id: str, tags: dict[str, str]) -> bool:
-        run = self.guard.call("get_run", run_id, keep={"run_id": run_id, "reopen": True},
-                              answers=("RESOURCE_DOES_NOT_EXIST",))
+        run = self.guard.call(
+            "get_run", run_id, keep={"run_id": run_id, "reopen": True}, answers=("RESOURCE_DOES_NOT_EXIST",)
+        )
         if run is None and not self.guard.alive:  # down: keep the id, so the next checkpoint still names it
             self.run_id = run_id
             return True
         if run is None:
-            log.warning("MLflow: run %s named in the checkpoint is not in %s; starting a new run", run_id,
-                        redact(self.guard.tracking_uri))
+            log.warning(
+                "MLflow: run %s named in the checkpoint is not in %s; starting a new run",
+                run_id,
+                redact(self.guard.tracking_uri),
+            )
             return False
         self.run_id, self.resumed = run_id, True
         for key in run.data.metrics:
@@ -75,8 +93,9 @@ class TrackedRun:
         if not self.guard.alive:
             return None
         kwargs = {"artifact_location": self.artifact_root} if self.artifact_root else {}
-        created = self.guard.call("create_experiment", name, **kwargs, keep={"experiment": name},
-                                  answers=("RESOURCE_ALREADY_EXISTS",))
+        created = self.guard.call(
+            "create_experiment", name, **kwargs, keep={"experiment": name}, answers=("RESOURCE_ALREADY_EXISTS",)
+        )
         if created is None and self.guard.alive:  # created meanwhile by another job of the sweep
             experiment = self.guard.call("get_experiment_by_name", name, keep={"experiment": name})
             return experiment.experiment_id if experiment else None
@@ -92,29 +111,49 @@ class TrackedRun:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.guard.call("log_batch", self.run_id, metrics=[Metric(k, v, now, step) for k, v in fresh.items()],
-                        keep={"run_id": self.run_id, "step": step, "metrics": fresh})
+        self.guard.call(
+            "log_batch",
+            self.run_id,
+            metrics=[Metric(k, v, now, step) for k, v in fresh.items()],
+            keep={"run_id": self.run_id, "step": step, "metrics": fresh},
+        )
 
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        self.guard.call("log_batch", self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
-                        keep={"run_id": self.run_id, "tags": tags})
+        self.guard.call(
+            "log_batch",
+            self.run_id,
+            tags=[RunTag(k, str(v)) for k, v in tags.items()],
+            keep={"run_id": self.run_id, "tags": tags},
+        )
 
     def log_text(self, text: str, name: str) -> None:
-        self.guard.call("log_text", self.run_id, text, name, keep={"run_id": self.run_id, "artifact": name,
-                                                                    "text": text})
+        self.guard.call(
+            "log_text", self.run_id, text, name, keep={"run_id": self.run_id, "artifact": name, "text": text}
+        )
 
     def log_file(self, path: str | Path, folder: str | None = None) -> None:
-        self.guard.call("log_artifact", self.run_id, str(path), folder,
-                        keep={"run_id": self.run_id, "artifact": str(Path(path).resolve()), "folder": folder})
+        self.guard.call(
+            "log_artifact",
+            self.run_id,
+            str(path),
+            folder,
+            keep={"run_id": self.run_id, "artifact": str(Path(path).resolve()), "folder": folder},
+        )
 
     def end(self, status: str) -> None:
         """End the run as the summary ``status`` says (an unknown one, an error: FAILED)."""
         mlflow_status = "KILLED" if status == "interrupted" else MLFLOW_STATUS.get(status, "FAILED")
-        self.guard.call("set_terminated", self.run_id, status=mlflow_status,
-                        keep={"run_id": self.run_id, "status": mlflow_status})
+        self.guard.call(
+            "set_terminated", self.run_id, status=mlflow_status, keep={"run_id": self.run_id, "status": mlflow_status}
+        )
 
     def summary(self) -> dict:
-        return {"run_id": self.run_id, "experiment": self.experiment_name,
-                "tracking_uri": redact(self.guard.tracking_uri), "resumed": self.resumed, **self.guard.summary()}
+        return {
+            "run_id": self.run_id,
+            "experiment": self.experiment_name,
+            "tracking_uri": redact(self.guard.tracking_uri),
+            "resumed": self.resumed,
+            **self.guard.summary(),
+        }

@@ -34,8 +34,7 @@ def prepare_tracking(trainer, cfg: DictConfig, plan, resumed_run_id: str | None)
     from cocodet.tracking.store import checkout_dir
     from cocodet.tracking.sweep import sweep_parent_id
 
-    logger.prepare(flat_params(cfg), start_tags(cfg, plan, Path(checkout_dir())), sweep_parent_id(),
-                   resumed_run_id)
+    logger.prepare(flat_params(cfg), start_tags(cfg, plan, Path(checkout_dir())), sweep_parent_id(), resumed_run_id)
 
 
 def close_tracking(trainer, summary: dict, plan, files: list[Path]) -> dict | None:

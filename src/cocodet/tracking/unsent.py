@@ -24,7 +24,7 @@ class UnsentCalls:
     def __init__(self, path: Path):
         self.path = path
         self._records: list[dict] = []  # every call written to path, with its "seq"
-        self._sent: set[int] = set()    # seqs of held calls sent since
+        self._sent: set[int] = set()  # seqs of held calls sent since
 
     @property
     def count(self) -> int:

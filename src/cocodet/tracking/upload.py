@@ -12,8 +12,7 @@ class UploadTooSlow(Exception):
     """An artifact upload that did not finish within its bound: not an outage, but not sent."""
 
 
-def upload_within(client, args: tuple, kwargs: dict, deadline: float | None, uploads_within: float,
-                  unsent_path: Path):
+def upload_within(client, args: tuple, kwargs: dict, deadline: float | None, uploads_within: float, unsent_path: Path):
     """``client.log_artifact(*args, **kwargs)`` until ``deadline`` (``time.monotonic()``; None:
     no bound); one that does not finish raises :class:`UploadTooSlow` (it is listed in
     ``unsent_path`` and may still finish in the background before the process ends).
@@ -30,8 +29,10 @@ def upload_within(client, args: tuple, kwargs: dict, deadline: float | None, upl
     thread.start()
     thread.join(max(0.0, deadline - time.monotonic()) if deadline is not None else None)
     if thread.is_alive():
-        raise UploadTooSlow(f"uploading {args[1]} did not finish within logger.mlflow.artifacts_within_s="
-                            f"{uploads_within:g} s; it is listed in {unsent_path}")
+        raise UploadTooSlow(
+            f"uploading {args[1]} did not finish within logger.mlflow.artifacts_within_s="
+            f"{uploads_within:g} s; it is listed in {unsent_path}"
+        )
     if "error" in box:
         raise box["error"]
     return box.get("value")

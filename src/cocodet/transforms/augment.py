@@ -23,8 +23,9 @@ from cocodet.transforms.partner_source import partner_source
 from cocodet.transforms.recipe import PAD_VALUE, Letterbox, Raw, Recipe, Sample, canvas, hflip, letterbox  # noqa: F401  (the recipes' shared parts; Letterbox: augment=none)
 
 
-def _visible_span(origin: float, zoom: float, length: int, canvas: tuple[float, float],
-                  size: int) -> tuple[int, int, int, int] | None:
+def _visible_span(
+    origin: float, zoom: float, length: int, canvas: tuple[float, float], size: int
+) -> tuple[int, int, int, int] | None:
     """Along one axis: the output pixels [lo, hi) that a source of ``length`` pixels placed at
     ``origin`` (scaled by ``zoom``) covers inside the canvas and the output, and the whole
     source pixels [a, b) that land there. None when nothing is visible."""
@@ -46,8 +47,9 @@ class Basic(Recipe):
         super().__init__(image_size)
         import albumentations as A  # only where it is used: the plan locates this class without it
 
-        self.flip = A.Compose([A.HorizontalFlip(p=1.0)],
-                              bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"]))
+        self.flip = A.Compose(
+            [A.HorizontalFlip(p=1.0)], bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"])
+        )
         self.flip_p = flip_p
 
     def __call__(self, raw, rng, partner_raws, out=None):
@@ -105,12 +107,25 @@ class Mosaic(Recipe):
         source = partner_source(augment.get("partners"), augment.get("partner_window"), augment.get("partner_pool"))
         return super().geometry(augment, image_size, build)._replace(partners_from=source)
 
-    def __init__(self, image_size: int, scale: tuple[float, float] = (0.5, 1.5), translate: float = 0.1,
-                 hsv: tuple[int, int, int] = (10, 40, 30), flip_p: float = 0.5, mosaic_p: float = 1.0,
-                 center_range: tuple[float, float] = (0.3, 0.7), min_box_px: float = 2.0,
-                 min_visibility: float = 0.1, partner_pool: int | None = None, partners: str | None = None,
-                 partner_window: int | None = None, colour: str = "hsv", hue_deg: float = 20.0,
-                 saturation: tuple[float, float] = (0.7, 1.3), value: tuple[float, float] = (0.8, 1.2)):
+    def __init__(
+        self,
+        image_size: int,
+        scale: tuple[float, float] = (0.5, 1.5),
+        translate: float = 0.1,
+        hsv: tuple[int, int, int] = (10, 40, 30),
+        flip_p: float = 0.5,
+        mosaic_p: float = 1.0,
+        center_range: tuple[float, float] = (0.3, 0.7),
+        min_box_px: float = 2.0,
+        min_visibility: float = 0.1,
+        partner_pool: int | None = None,
+        partners: str | None = None,
+        partner_window: int | None = None,
+        colour: str = "hsv",
+        hue_deg: float = 20.0,
+        saturation: tuple[float, float] = (0.7, 1.3),
+        value: tuple[float, float] = (0.8, 1.2),
+    ):
         super().__init__(image_size)
         self.scale, self.translate, self.hsv = tuple(scale), float(translate), tuple(hsv)
         for key, v in (("colour", colour), ("hue_deg", hue_deg), ("saturation", saturation), ("value", value)):

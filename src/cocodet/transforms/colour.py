@@ -25,9 +25,9 @@ import cv2
 import numpy as np
 
 # RGB -> YIQ (NTSC 1953): Y the luma, I and Q the two chroma axes.
-_RGB_TO_YIQ = np.array([[0.299, 0.587, 0.114],
-                        [0.595716, -0.274453, -0.321263],
-                        [0.211456, -0.522591, 0.311135]], np.float64)
+_RGB_TO_YIQ = np.array(
+    [[0.299, 0.587, 0.114], [0.595716, -0.274453, -0.321263], [0.211456, -0.522591, 0.311135]], np.float64
+)
 _YIQ_TO_RGB = np.linalg.inv(_RGB_TO_YIQ)
 
 
@@ -45,8 +45,9 @@ def _gain(u: float, span: tuple[float, float]) -> float:
     return low + (u + 1.0) / 2.0 * (high - low)
 
 
-def jitter_matrix(image: np.ndarray, u: np.ndarray, hue_deg: float, saturation: tuple[float, float],
-                  value: tuple[float, float]) -> None:
+def jitter_matrix(
+    image: np.ndarray, u: np.ndarray, hue_deg: float, saturation: tuple[float, float], value: tuple[float, float]
+) -> None:
     """``matrix``: hue rotated by u[0] * hue_deg degrees, saturation and value gains drawn
     uniformly in their [low, high] ranges from u[1], u[2]; in place on an HxWx3 uint8 image."""
     m = colour_matrix(float(u[0]) * hue_deg, _gain(float(u[1]), saturation), _gain(float(u[2]), value))

@@ -33,10 +33,7 @@ BUILDER_SIZES: dict[str, tuple[int, int]] = {
 }
 # (height, width) an SSD-family model's transform resizes every image to (its builder's fixed_size),
 # for augment=ssd|ssdlite (transforms/ssd_presets.py).
-FIXED_SIZES: dict[str, tuple[int, int]] = {
-    "ssdlite320_mobilenet_v3_large": (320, 320),
-    "ssd300_vgg16": (300, 300),
-}
+FIXED_SIZES: dict[str, tuple[int, int]] = {"ssdlite320_mobilenet_v3_large": (320, 320), "ssd300_vgg16": (300, 300)}
 
 
 class ModelSizeError(UserError, ValueError):
@@ -47,9 +44,11 @@ def builder_sizes(model: str, min_size: int | None = None, max_size: int | None 
     """The (min_size, max_size) ``model``'s transform resizes to: the builder's, or the
     ``model.detector.min_size`` / ``max_size`` the user set."""
     if model not in BUILDER_SIZES:
-        raise ModelSizeError(f"augment=hflip|multiscale|lsj size images as {model}'s own transform would, and "
-                             f"{model} fixes its input size instead; use one of {sorted(BUILDER_SIZES)}, or "
-                             + ("augment=ssd|ssdlite (its own presets)" if model in FIXED_SIZES else "augment=mosaic|basic|none"))
+        raise ModelSizeError(
+            f"augment=hflip|multiscale|lsj size images as {model}'s own transform would, and "
+            f"{model} fixes its input size instead; use one of {sorted(BUILDER_SIZES)}, or "
+            + ("augment=ssd|ssdlite (its own presets)" if model in FIXED_SIZES else "augment=mosaic|basic|none")
+        )
     default_min, default_max = BUILDER_SIZES[model]
     return int(min_size or default_min), int(max_size or default_max)
 
@@ -57,9 +56,11 @@ def builder_sizes(model: str, min_size: int | None = None, max_size: int | None 
 def fixed_sizes(model: str) -> tuple[int, int]:
     """The fixed (height, width) ``model``'s transform resizes every image to."""
     if model not in FIXED_SIZES:
-        raise ModelSizeError(f"augment=ssd|ssdlite resize every image to the fixed square of an SSD model's "
-                             f"transform, and {model} resizes by min_size/max_size instead; use "
-                             f"model={'|'.join(sorted(FIXED_SIZES))}, or augment=hflip|multiscale|lsj with {model}")
+        raise ModelSizeError(
+            f"augment=ssd|ssdlite resize every image to the fixed square of an SSD model's "
+            f"transform, and {model} resizes by min_size/max_size instead; use "
+            f"model={'|'.join(sorted(FIXED_SIZES))}, or augment=hflip|multiscale|lsj with {model}"
+        )
     return FIXED_SIZES[model]
 
 

@@ -124,8 +124,9 @@ class Recipe:
         """How many extra raw samples this call will consume (drawn before any decode)."""
         return 0
 
-    def __call__(self, raw: Raw, rng: np.random.Generator, partner_raws: list[Raw],
-                 out: np.ndarray | None = None) -> Sample:
+    def __call__(
+        self, raw: Raw, rng: np.random.Generator, partner_raws: list[Raw], out: np.ndarray | None = None
+    ) -> Sample:
         """``out``: an ``output_hw`` x 3 buffer the output may be written into (fixed sizes only)."""
         raise NotImplementedError
 
@@ -140,8 +141,9 @@ def canvas(size: int, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def letterbox(image: np.ndarray, boxes: np.ndarray, size: int,
-              out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
+def letterbox(
+    image: np.ndarray, boxes: np.ndarray, size: int, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Letterbox to size x size, padding bottom/right; returns (image, boxes, scale, pad_share)."""
     resized, scale = letterbox_resize(image, size)
     nh, nw = resized.shape[:2]

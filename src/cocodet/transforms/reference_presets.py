@@ -39,8 +39,9 @@ def resize_uint8(image: np.ndarray, hw: tuple[int, int], antialias: bool) -> np.
     import torch  # lazily: mode=plan builds recipes without torch
 
     source = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]  # channels-last view, no copy
-    out = torch.nn.functional.interpolate(source, size=tuple(hw), mode="bilinear", align_corners=False,
-                                          antialias=antialias)
+    out = torch.nn.functional.interpolate(
+        source, size=tuple(hw), mode="bilinear", align_corners=False, antialias=antialias
+    )
     return out[0].permute(1, 2, 0).contiguous().numpy()
 
 
@@ -75,8 +76,12 @@ class ReferencePreset(Recipe):
     def geometry(cls, augment, image_size, build):
         """Built: the sides come from the model's resize, and outputs vary in size."""
         built = build()
-        return Geometry(max(built.largest_hw()), max(built.eval_recipe().largest_hw()), built.working_bytes(),
-                        preset_grouping=REFERENCE_GROUPING)
+        return Geometry(
+            max(built.largest_hw()),
+            max(built.eval_recipe().largest_hw()),
+            built.working_bytes(),
+            preset_grouping=REFERENCE_GROUPING,
+        )
 
     def __init__(self, image_size: int, model_sizes: tuple[int, int], flip_p: float = 0.5):
         super().__init__(image_size)
@@ -143,8 +148,14 @@ class MultiScale(ReferencePreset):
     """``multiscale``: the shorter side drawn from ``min_sizes``, the longer at most
     ``max_size`` (antialiased bilinear), then the flip; the model does not resize in training."""
 
-    def __init__(self, image_size: int, model_sizes: tuple[int, int], flip_p: float = 0.5,
-                 min_sizes: tuple[int, ...] = tuple(range(480, 801, 32)), max_size: int = 1333):
+    def __init__(
+        self,
+        image_size: int,
+        model_sizes: tuple[int, int],
+        flip_p: float = 0.5,
+        min_sizes: tuple[int, ...] = tuple(range(480, 801, 32)),
+        max_size: int = 1333,
+    ):
         super().__init__(image_size, model_sizes, flip_p)
         self.min_sizes, self.max_size = tuple(int(m) for m in min_sizes), int(max_size)
 
@@ -173,8 +184,15 @@ class LargeScaleJitter(ReferencePreset):
     bottom/right with ``fill`` where smaller, then the flip. Boxes are clipped to the crop and
     those left without area dropped (the reference's ``FixedSizeCrop``)."""
 
-    def __init__(self, image_size: int, model_sizes: tuple[int, int], flip_p: float = 0.5, size: int = 1024,
-                 scale_range: tuple[float, float] = (0.1, 2.0), fill: tuple[int, int, int] = (123, 117, 104)):
+    def __init__(
+        self,
+        image_size: int,
+        model_sizes: tuple[int, int],
+        flip_p: float = 0.5,
+        size: int = 1024,
+        scale_range: tuple[float, float] = (0.1, 2.0),
+        fill: tuple[int, int, int] = (123, 117, 104),
+    ):
         super().__init__(image_size, model_sizes, flip_p)
         self.size, self.scale_range = int(size), (float(scale_range[0]), float(scale_range[1]))
         self.fill = tuple(int(c) for c in fill)
@@ -214,4 +232,4 @@ class LargeScaleJitter(ReferencePreset):
         np.clip(boxes[:, 0::2], 0, cw, out=boxes[:, 0::2])
         np.clip(boxes[:, 1::2], 0, ch, out=boxes[:, 1::2])
         keep = (boxes[:, 0] < boxes[:, 2]) & (boxes[:, 1] < boxes[:, 3])
-        return image[top:top + ch, left:left + cw], boxes[keep], labels[keep]
+        return image[top : top + ch, left : left + cw], boxes[keep], labels[keep]

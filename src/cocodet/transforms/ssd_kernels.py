@@ -27,8 +27,9 @@ def box_iou_max(boxes: np.ndarray, region: np.ndarray) -> np.float32:
     return (inter / (area + region_area - inter)).max()
 
 
-def compose(image: np.ndarray, origin: tuple[int, int], hw: tuple[int, int],
-            fill: tuple[int, int, int]) -> tuple[np.ndarray, int]:
+def compose(
+    image: np.ndarray, origin: tuple[int, int], hw: tuple[int, int], fill: tuple[int, int, int]
+) -> tuple[np.ndarray, int]:
     """The hw region of a ``fill`` canvas with ``image`` at ``origin`` (its top-left corner in
     the region's frame, possibly negative), and how many region pixels the image covers. The
     image itself (a view) when it fills the region exactly."""
@@ -37,11 +38,11 @@ def compose(image: np.ndarray, origin: tuple[int, int], hw: tuple[int, int],
         return image, rh * rw
     y0, x0, y1, x1 = max(oy, 0), max(ox, 0), min(oy + h, rh), min(ox + w, rw)
     if (y0, x0) == (0, 0) and (y1, x1) == (rh, rw) and oy <= 0 and ox <= 0:
-        return image[-oy:-oy + rh, -ox:-ox + rw], rh * rw  # a crop inside the image: a view
+        return image[-oy : -oy + rh, -ox : -ox + rw], rh * rw  # a crop inside the image: a view
     region = np.empty((rh, rw, 3), np.uint8)
     region[:] = fill
     if y1 > y0 and x1 > x0:
-        region[y0:y1, x0:x1] = image[y0 - oy:y1 - oy, x0 - ox:x1 - ox]
+        region[y0:y1, x0:x1] = image[y0 - oy : y1 - oy, x0 - ox : x1 - ox]
     return region, max(0, y1 - y0) * max(0, x1 - x0)
 
 

@@ -95,11 +95,22 @@ class SingleShotPreset(FixedResize):
             for (COCO's 640); a worker's memory estimate grows with its square.
     """
 
-    def __init__(self, image_size: int, model_sizes: tuple[int, int], photometric: bool, zoom_out: bool,
-                 flip_p: float = 0.5, distort_p: float = 0.5, zoom_p: float = 0.5,
-                 zoom_range: tuple[float, float] = (1.0, 4.0), fill: tuple[int, int, int] = MEAN_FILL,
-                 crop_scale: tuple[float, float] = (0.3, 1.0), crop_aspect: tuple[float, float] = (0.5, 2.0),
-                 crop_trials: int = 40, stored_side: int = 640):
+    def __init__(
+        self,
+        image_size: int,
+        model_sizes: tuple[int, int],
+        photometric: bool,
+        zoom_out: bool,
+        flip_p: float = 0.5,
+        distort_p: float = 0.5,
+        zoom_p: float = 0.5,
+        zoom_range: tuple[float, float] = (1.0, 4.0),
+        fill: tuple[int, int, int] = MEAN_FILL,
+        crop_scale: tuple[float, float] = (0.3, 1.0),
+        crop_aspect: tuple[float, float] = (0.5, 2.0),
+        crop_trials: int = 40,
+        stored_side: int = 640,
+    ):
         super().__init__(image_size, model_sizes)
         self.flip_p = float(flip_p)
         self.photometric, self.zoom_out = bool(photometric), bool(zoom_out)
@@ -119,7 +130,7 @@ class SingleShotPreset(FixedResize):
         """A worker's largest intermediate beyond its batch, for a stored_side-square image: the
         zoomed region (uint8, up to zoom_range[1] squared times the image) and the distort's
         float32 hue conversion (about four float copies of the image)."""
-        pixels = self.stored_side ** 2
+        pixels = self.stored_side**2
         canvas = int((self.zoom_range[1] ** 2) * pixels * 3) if self.zoom_out else 0
         distort = pixels * 3 * 4 * 4 if self.photometric else 0
         return canvas + distort
@@ -194,4 +205,3 @@ class SingleShotPreset(FixedResize):
         keep = ((boxes[:, 2] - boxes[:, 0]) >= 1) & ((boxes[:, 3] - boxes[:, 1]) >= 1)  # SanitizeBoundingBoxes
         resized, boxes, scale = self._fixed_resize(region, boxes[keep], out)
         return Sample(resized, boxes, labels[keep], scale, 1.0 - covered / (rh * rw))
-

@@ -21,8 +21,9 @@ class StudySweeper(Sweeper):
         from hydra.core.plugins import Plugins
 
         self.hydra_context, self.config = hydra_context, config
-        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
-                                                                task_function=task_function, config=config)
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
 
     def sweep(self, arguments: list[str]) -> Any:
         from omegaconf import OmegaConf

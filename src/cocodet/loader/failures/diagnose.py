@@ -39,15 +39,23 @@ def explain(error: BaseException, plan: LoaderPlan, shm_path: str = "/dev/shm") 
     signals = worker_signals(error)
     res = probe(shm_path=shm_path)
     named = re.search(r"killed by signal: ([A-Za-z ]+)", message)
-    what = ", ".join(f"worker {pid} ended by {sig}" for pid, sig in signals.items()) or \
-        (named.group(1).strip() if named else type(error).__name__)
-    head = f"DataLoader failure ({what}) with {plan.num_workers} workers, " \
-           f"prefetch {plan.prefetch_factor}, batch {plan.batch_size} ({_fmt(plan.batch_bytes)}/batch)."
+    what = ", ".join(f"worker {pid} ended by {sig}" for pid, sig in signals.items()) or (
+        named.group(1).strip() if named else type(error).__name__
+    )
+    head = (
+        f"DataLoader failure ({what}) with {plan.num_workers} workers, "
+        f"prefetch {plan.prefetch_factor}, batch {plan.batch_size} ({_fmt(plan.batch_bytes)}/batch)."
+    )
     if kind == "hang":
         return f"{head}\n{_hang(plan)}\nOriginal error: {message}"
-    body = _CAUSES[kind](plan, res, message) if kind in _CAUSES else (
-        f"A worker died without a recognisable resource signature. /dev/shm free {_fmt(res.shm_free_bytes)}, "
-        f"RLIMIT_NOFILE {res.nofile_soft}, memory available {_fmt(res.memory_available_bytes)}.")
+    body = (
+        _CAUSES[kind](plan, res, message)
+        if kind in _CAUSES
+        else (
+            f"A worker died without a recognisable resource signature. /dev/shm free {_fmt(res.shm_free_bytes)}, "
+            f"RLIMIT_NOFILE {res.nofile_soft}, memory available {_fmt(res.memory_available_bytes)}."
+        )
+    )
     hint = "Reproduce in one process, with the full traceback, with loader=explicit loader.num_workers=0."
     return f"{head}\n{body}\n{hint}\nOriginal error: {message.splitlines()[0] if message else ''}"
 
@@ -57,40 +65,64 @@ def _cause(cause: str, measured: str, fix: str) -> str:
 
 
 def _shm(plan: LoaderPlan, res, message: str) -> str:
-    measured = (f"{res.shm_path} has {_fmt(res.shm_total_bytes)} in all, {_fmt(res.shm_free_bytes)} free now; the plan "
-                f"kept {_fmt(plan.inflight_bytes)} in flight (budget {_fmt(plan.shm_budget_bytes)})")
-    return _cause("/dev/shm ran out of bytes", measured, "run the container with --shm-size=2g (or --ipc=host), use "
-                  "loader=auto (sizes workers to the free shm), or lower loader.prefetch_factor / loader.batch_size")
+    measured = (
+        f"{res.shm_path} has {_fmt(res.shm_total_bytes)} in all, {_fmt(res.shm_free_bytes)} free now; the plan "
+        f"kept {_fmt(plan.inflight_bytes)} in flight (budget {_fmt(plan.shm_budget_bytes)})"
+    )
+    return _cause(
+        "/dev/shm ran out of bytes",
+        measured,
+        "run the container with --shm-size=2g (or --ipc=host), use "
+        "loader=auto (sizes workers to the free shm), or lower loader.prefetch_factor / loader.batch_size",
+    )
 
 
 def _disk(plan: LoaderPlan, res, message: str) -> str:
     path = full_disk_path(message)
     full = f"the disk holding {path} is full ({_disk_space(path)}); not /dev/shm, which has {_fmt(res.shm_free_bytes)} free"
-    return _cause(full, "", "free space on that disk, or point what writes there (the cache_dir of dataset or "
-                  "dataset.remote, the checkpoint dirpath) at a larger one")
+    return _cause(
+        full,
+        "",
+        "free space on that disk, or point what writes there (the cache_dir of dataset or "
+        "dataset.remote, the checkpoint dirpath) at a larger one",
+    )
 
 
 def _segments(plan: LoaderPlan, res, message: str) -> str:
-    what = ("shared-memory segments — file descriptors or memory maps (a small 'unable to mmap' means the map count "
-            "ran out)")
-    limits = (f"RLIMIT_NOFILE soft is {res.nofile_soft} (hard {res.nofile_hard}), vm.max_map_count {res.max_map_count}; "
-              f"the plan holds {plan.inflight_fds} fds in flight")
-    return _cause(what, limits, f"`ulimit -n {max(4096, res.nofile_hard)}`, a lower loader.prefetch_factor, or fewer "
-                  "workers (loader=auto)")
+    what = (
+        "shared-memory segments — file descriptors or memory maps (a small 'unable to mmap' means the map count "
+        "ran out)"
+    )
+    limits = (
+        f"RLIMIT_NOFILE soft is {res.nofile_soft} (hard {res.nofile_hard}), vm.max_map_count {res.max_map_count}; "
+        f"the plan holds {plan.inflight_fds} fds in flight"
+    )
+    return _cause(
+        what,
+        limits,
+        f"`ulimit -n {max(4096, res.nofile_hard)}`, a lower loader.prefetch_factor, or fewer workers (loader=auto)",
+    )
 
 
 def _memory(plan: LoaderPlan, res, message: str) -> str:
-    seen = (f"Available now: {_fmt(res.memory_available_bytes)} ({res.memory_source}); the plan assumed "
-            f"{_fmt(plan.worker_footprint_bytes)} per worker. Check `dmesg | grep -i oom`")
-    return _cause("memory — SIGKILL is what the kernel's OOM killer sends", seen,
-                  "loader=auto (caps workers by memory), fewer workers, loader.prefetch_factor=1, or a smaller batch")
+    seen = (
+        f"Available now: {_fmt(res.memory_available_bytes)} ({res.memory_source}); the plan assumed "
+        f"{_fmt(plan.worker_footprint_bytes)} per worker. Check `dmesg | grep -i oom`"
+    )
+    return _cause(
+        "memory — SIGKILL is what the kernel's OOM killer sends",
+        seen,
+        "loader=auto (caps workers by memory), fewer workers, loader.prefetch_factor=1, or a smaller batch",
+    )
 
 
 def _segfault(plan: LoaderPlan, res, message: str) -> str:
-    return ("Likely cause: native code crashed inside a worker (SIGSEGV), not a resource limit. Libraries that are "
-            "not fork-safe (a CUDA context or an OpenMP/BLAS thread pool created before the workers forked, some "
-            "image codecs) are the usual suspects. Retry with loader.num_workers=0: if it passes, retry with 1 "
-            "worker; a crash at 1 but not at 0 points at fork-unsafe state, one at 0 too at the data or the library.")
+    return (
+        "Likely cause: native code crashed inside a worker (SIGSEGV), not a resource limit. Libraries that are "
+        "not fork-safe (a CUDA context or an OpenMP/BLAS thread pool created before the workers forked, some "
+        "image codecs) are the usual suspects. Retry with loader.num_workers=0: if it passes, retry with 1 "
+        "worker; a crash at 1 but not at 0 points at fork-unsafe state, one at 0 too at the data or the library."
+    )
 
 
 _CAUSES = {"shm": _shm, "disk": _disk, "segments": _segments, "memory": _memory, "segfault": _segfault}
@@ -99,21 +131,28 @@ _CAUSES = {"shm": _shm, "disk": _disk, "segments": _segments, "memory": _memory,
 def _hang(plan: LoaderPlan) -> str:
     """Where each worker was when no batch came, and how to reproduce in one process."""
     stacks = worker_stacks()
-    shown = "\n".join(f"--- worker {pid} ---\n{text}" for pid, text in stacks.items()) or \
-        ("(no worker stacks: loading ran in the main process; its stack is in the original error below)"
-         if plan.num_workers == 0 else "(the workers did not answer SIGUSR1)")
-    body = (f"Likely cause: loading hung — no batch for loader.timeout={plan.timeout_s:g} s. Usual culprits: a "
-            f"read that never returns (a dead network mount, a FIFO or device file among the images, a stalled "
-            f"disk), a deadlock in a worker (a lock held across fork by a library), or a worker stopped by the "
-            f"OS. Where each worker was:\n{shown}\nFix the path or mount the stacks point at; raise "
-            f"loader.timeout if batches are legitimately that slow (0 disables it).")
-    hint = "" if plan.num_workers == 0 else \
-        "Reproduce in one process with loader=explicit loader.num_workers=0 (the watchdog then shows the main thread's stack)."
+    shown = "\n".join(f"--- worker {pid} ---\n{text}" for pid, text in stacks.items()) or (
+        "(no worker stacks: loading ran in the main process; its stack is in the original error below)"
+        if plan.num_workers == 0
+        else "(the workers did not answer SIGUSR1)"
+    )
+    body = (
+        f"Likely cause: loading hung — no batch for loader.timeout={plan.timeout_s:g} s. Usual culprits: a "
+        f"read that never returns (a dead network mount, a FIFO or device file among the images, a stalled "
+        f"disk), a deadlock in a worker (a lock held across fork by a library), or a worker stopped by the "
+        f"OS. Where each worker was:\n{shown}\nFix the path or mount the stacks point at; raise "
+        f"loader.timeout if batches are legitimately that slow (0 disables it)."
+    )
+    hint = (
+        ""
+        if plan.num_workers == 0
+        else "Reproduce in one process with loader=explicit loader.num_workers=0 (the watchdog then shows the main thread's stack)."
+    )
     return f"{body}\n{hint}"
 
 
 def _disk_space(path: str) -> str:
-    """"X free of Y" on the disk of ``path`` (its nearest existing folder)."""
+    """ "X free of Y" on the disk of ``path`` (its nearest existing folder)."""
     import shutil
     from pathlib import Path
 

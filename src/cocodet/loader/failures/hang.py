@@ -73,8 +73,10 @@ def watchdog(timeout_s: float):
 
     def fire(signum, frame):
         stack = "".join(traceback.format_stack(frame))
-        raise LoaderTimeout(f"DataLoader timed out after {timeout_s:g} seconds (in-process watchdog: loading in "
-                            f"the main process, no workers). Main thread stack:\n{stack}")
+        raise LoaderTimeout(
+            f"DataLoader timed out after {timeout_s:g} seconds (in-process watchdog: loading in "
+            f"the main process, no workers). Main thread stack:\n{stack}"
+        )
 
     previous = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)

@@ -56,7 +56,10 @@ def describe(plan: LoaderPlan) -> str:
         text = f"{plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}, prefetch {plan.prefetch_factor}, {shipped}"
     val = plan.val
     if val is not None and (val.num_workers, val.prefetch_factor, val.part_images) != (
-            plan.num_workers, plan.prefetch_factor, plan.part_images):
+        plan.num_workers,
+        plan.prefetch_factor,
+        plan.part_images,
+    ):
         text += f" (val: {describe(val)})"
     return text
 
@@ -73,8 +76,14 @@ class Replanner:
         shm_path: the /dev/shm the diagnosis measures.
     """
 
-    def __init__(self, plan: LoaderPlan, plan_fn: PlanFn | None = None, on_failure: str | None = None,
-                 max_replans: int = 3, shm_path: str = "/dev/shm"):
+    def __init__(
+        self,
+        plan: LoaderPlan,
+        plan_fn: PlanFn | None = None,
+        on_failure: str | None = None,
+        max_replans: int = 3,
+        shm_path: str = "/dev/shm",
+    ):
         self.plan, self.plan_fn, self.max_replans, self.shm_path = plan, plan_fn, max_replans, shm_path
         self.on_failure = on_failure or (default_on_failure(plan.source) if plan is not None else "raise")
         schema.check("loader.on_failure", self.on_failure)
@@ -99,8 +108,9 @@ class Replanner:
         diagnosis = explain(error, self.plan, self.shm_path) or str(error)
         if len(self.records) >= self.max_replans:
             tried = "; ".join(f"{r['cause']}: {r['old_plan']} -> {r['new_plan']}" for r in self.records)
-            raise LoaderFailure(f"{diagnosis}\nGave up after loader.max_replans={self.max_replans} re-plans "
-                                f"({tried}).") from error
+            raise LoaderFailure(
+                f"{diagnosis}\nGave up after loader.max_replans={self.max_replans} re-plans ({tried})."
+            ) from error
         return kind, diagnosis
 
     def replan(self, kind: str, diagnosis: str, stage: str, epoch: int, batch: int) -> LoaderPlan:
@@ -112,15 +122,35 @@ class Replanner:
         old = self.plan
         workers, prefetch = next_rung(old)
         new = replace(self.plan_fn(workers, prefetch), source="replan", requested=workers)
-        record = {"step": self.step_fn(), "stage": stage, "epoch": epoch, "batch": batch, "cause": kind,
-                  "old_workers": old.num_workers, "new_workers": new.num_workers,
-                  "new_val_workers": new.for_stage("val").num_workers, "shm_split": new.shm_split,
-                  "old_plan": describe(old), "new_plan": describe(new),
-                  "diagnosis": diagnosis.splitlines()[1] if "\n" in diagnosis else diagnosis}
+        record = {
+            "step": self.step_fn(),
+            "stage": stage,
+            "epoch": epoch,
+            "batch": batch,
+            "cause": kind,
+            "old_workers": old.num_workers,
+            "new_workers": new.num_workers,
+            "new_val_workers": new.for_stage("val").num_workers,
+            "shm_split": new.shm_split,
+            "old_plan": describe(old),
+            "new_plan": describe(new),
+            "diagnosis": diagnosis.splitlines()[1] if "\n" in diagnosis else diagnosis,
+        }
         self.records.append(record)
-        log.warning("loader re-plan %d/%d at step %s (%s epoch %d, batch %d): workers died of %s.\n%s\n"
-                    "Old plan: %s. New plan: %s; continuing from that batch.\n%s",
-                    len(self.records), self.max_replans, record["step"], stage, epoch, batch, kind, diagnosis,
-                    record["old_plan"], record["new_plan"], new.table())
+        log.warning(
+            "loader re-plan %d/%d at step %s (%s epoch %d, batch %d): workers died of %s.\n%s\n"
+            "Old plan: %s. New plan: %s; continuing from that batch.\n%s",
+            len(self.records),
+            self.max_replans,
+            record["step"],
+            stage,
+            epoch,
+            batch,
+            kind,
+            diagnosis,
+            record["old_plan"],
+            record["new_plan"],
+            new.table(),
+        )
         self.plan = new
         return new

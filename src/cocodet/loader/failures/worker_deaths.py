@@ -73,6 +73,5 @@ def _on_child_exit(signum, frame) -> None:
 def _install() -> None:
     """Take SIGCHLD over from torch (it installs its handler with its first worker
     iterator, once per process); signal handlers can only be set from the main thread."""
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGCHLD) is not _on_child_exit:
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGCHLD) is not _on_child_exit:
         signal.signal(signal.SIGCHLD, _on_child_exit)

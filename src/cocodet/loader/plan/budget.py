@@ -29,9 +29,14 @@ def shm_budget(res: HostResources) -> int | None:
 def host_budget(res: HostResources, footprint: int, largest_batch: int, persistent_workers: bool) -> Budget:
     """The rank's budget; each local rank plans alone, so each gets its share of the memory."""
     ranks = max(1, res.local_world_size)
-    return Budget(shm=shm_budget(res), mem_room=res.memory_available_bytes // ranks - MAIN_PROCESS_HEADROOM,
-                  footprint=footprint, largest_batch=largest_batch, worker_sets=2 if persistent_workers else 1,
-                  ranks=ranks)
+    return Budget(
+        shm=shm_budget(res),
+        mem_room=res.memory_available_bytes // ranks - MAIN_PROCESS_HEADROOM,
+        footprint=footprint,
+        largest_batch=largest_batch,
+        worker_sets=2 if persistent_workers else 1,
+        ranks=ranks,
+    )
 
 
 def loader_draft(batch_bytes: int, batch_size: int, prefetch: int, part_images: int | None) -> LoaderDraft:
@@ -84,8 +89,16 @@ def explicit_part_images(b: Budget, d: LoaderDraft) -> int:
     return max(1, int(b.shm / 2 // ((d.workers + 1) * d.per_image)))
 
 
-def decide_workers(policy: str, requested: int | None, train: LoaderDraft, val: LoaderDraft, b: Budget,
-                   res: HostResources, batch_size: int, partner_pool: int) -> None:
+def decide_workers(
+    policy: str,
+    requested: int | None,
+    train: LoaderDraft,
+    val: LoaderDraft,
+    b: Budget,
+    res: HostResources,
+    batch_size: int,
+    partner_pool: int,
+) -> None:
     """Both loaders' worker counts and queues, in place: an explicit count is honoured (its
     excesses become alarms); auto and inherited counts go through the CPU, shm and
     memory caps; validation never has more workers than training."""
@@ -196,24 +209,36 @@ def window_cache(window: int, side: int, batch_size: int, train: LoaderDraft, b:
     return window_slots(window, in_flight, side, room)
 
 
-def finished_plan(d: LoaderDraft, request: LoaderRequest, batch_size: int, batch_bytes: int, res: HostResources,
-                b: Budget, cuda: bool) -> LoaderPlan:
+def finished_plan(
+    d: LoaderDraft, request: LoaderRequest, batch_size: int, batch_bytes: int, res: HostResources, b: Budget, cuda: bool
+) -> LoaderPlan:
     """The LoaderPlan of a decided draft (its caps' and alarms' words come after, from
     ``reasons.explain``); nothing PyTorch rejects at num_workers=0."""
     with_workers = d.workers > 0
     inflight = d.workers * d.prefetch
     return LoaderPlan(
-        num_workers=d.workers, source=request.policy, requested=request.requested, batch_size=batch_size,
-        batch_bytes=batch_bytes, part_images=d.part_images if with_workers else None,
+        num_workers=d.workers,
+        source=request.policy,
+        requested=request.requested,
+        batch_size=batch_size,
+        batch_bytes=batch_bytes,
+        part_images=d.part_images if with_workers else None,
         prefetch_factor=d.prefetch if with_workers else None,
         pin_memory=bool(cuda) if request.pin_memory == "auto" else bool(request.pin_memory),
         persistent_workers=bool(request.persistent_workers and with_workers),
-        shm_free_bytes=res.shm_free_bytes, shm_budget_bytes=b.shm,
-        inflight_bytes=inflight * d.ship_bytes if with_workers else 0, fds_per_batch=TENSORS_PER_BATCH,
-        inflight_fds=inflight * TENSORS_PER_BATCH if with_workers else 0, nofile_soft=res.nofile_soft,
-        max_map_count=res.max_map_count, usable_cpus=res.usable_cpus,
-        memory_available_bytes=res.memory_available_bytes, worker_footprint_bytes=b.footprint,
-        footprint_source="given" if request.worker_footprint_bytes else "estimated", timeout_s=float(request.timeout_s),
-        local_ranks=b.ranks, host_cpus=min(res.affinity_cpus, int(res.cgroup_cpus or res.affinity_cpus)),
+        shm_free_bytes=res.shm_free_bytes,
+        shm_budget_bytes=b.shm,
+        inflight_bytes=inflight * d.ship_bytes if with_workers else 0,
+        fds_per_batch=TENSORS_PER_BATCH,
+        inflight_fds=inflight * TENSORS_PER_BATCH if with_workers else 0,
+        nofile_soft=res.nofile_soft,
+        max_map_count=res.max_map_count,
+        usable_cpus=res.usable_cpus,
+        memory_available_bytes=res.memory_available_bytes,
+        worker_footprint_bytes=b.footprint,
+        footprint_source="given" if request.worker_footprint_bytes else "estimated",
+        timeout_s=float(request.timeout_s),
+        local_ranks=b.ranks,
+        host_cpus=min(res.affinity_cpus, int(res.cgroup_cpus or res.affinity_cpus)),
         caps=list(d.caps),
     )

@@ -27,5 +27,7 @@ def pod_requests(plan) -> dict:
 
 def pod_requests_text(plan) -> str:
     pod = pod_requests(plan)
-    return (f"cpu: {pod['cpu']}, /dev/shm emptyDir sizeLimit: {pod['shm_size_limit']} ({pod['local_ranks']} rank(s) x "
-            f"({plan.num_workers} workers + 1); 2 x what they hold in flight)")
+    return (
+        f"cpu: {pod['cpu']}, /dev/shm emptyDir sizeLimit: {pod['shm_size_limit']} ({pod['local_ranks']} rank(s) x "
+        f"({plan.num_workers} workers + 1); 2 x what they hold in flight)"
+    )

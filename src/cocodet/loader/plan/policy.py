@@ -13,8 +13,14 @@ numbers are final; here the steps in their order, and the finished plan.
 
 from __future__ import annotations
 
-from cocodet.loader.plan.budget import (DEFAULT_WORKER_FOOTPRINT, decide_workers, finished_plan, host_budget, loader_draft,
-                                   window_cache)
+from cocodet.loader.plan.budget import (
+    DEFAULT_WORKER_FOOTPRINT,
+    decide_workers,
+    finished_plan,
+    host_budget,
+    loader_draft,
+    window_cache,
+)
 from cocodet.loader.plan.reasons import explain
 from cocodet.loader.plan.records import BatchGeometry, LoaderPlan, LoaderRequest
 from cocodet.loader.plan.resources import HostResources
@@ -31,18 +37,32 @@ def plan_loader(request: LoaderRequest, batches: BatchGeometry, resources: HostR
     budgets each worker's queue at the larger batch, and both worker sets.
     """
     val_bytes, val_size = batches.val_batch_bytes or batches.batch_bytes, batches.val_batch_size or batches.batch_size
-    budget = host_budget(resources, request.worker_footprint_bytes or DEFAULT_WORKER_FOOTPRINT + batches.worker_working_bytes,
-                         max(batches.batch_bytes, batches.val_batch_bytes or 0), request.persistent_workers)
-    part_images = request.part_images if request.part_images is None or request.part_images < batches.batch_size else None
+    budget = host_budget(
+        resources,
+        request.worker_footprint_bytes or DEFAULT_WORKER_FOOTPRINT + batches.worker_working_bytes,
+        max(batches.batch_bytes, batches.val_batch_bytes or 0),
+        request.persistent_workers,
+    )
+    part_images = (
+        request.part_images if request.part_images is None or request.part_images < batches.batch_size else None
+    )
     train = loader_draft(batches.batch_bytes, batches.batch_size, request.prefetch_factor, part_images)
-    val = loader_draft(val_bytes, val_size, request.prefetch_factor,
-                       part_images if part_images is not None and part_images < val_size else None)
-    decide_workers(request.policy, request.requested, train, val, budget, resources, batches.batch_size,
-                   batches.partner_pool)
+    val = loader_draft(
+        val_bytes,
+        val_size,
+        request.prefetch_factor,
+        part_images if part_images is not None and part_images < val_size else None,
+    )
+    decide_workers(
+        request.policy, request.requested, train, val, budget, resources, batches.batch_size, batches.partner_pool
+    )
     plan = finished_plan(train, request, batches.batch_size, batches.batch_bytes, resources, budget, cuda)
     plan.val = finished_plan(val, request, val_size, val_bytes, resources, budget, cuda)
-    window = (window_cache(batches.partner_window, batches.image_side, batches.batch_size, train, budget)
-              if batches.partner_window and batches.image_side else None)
+    window = (
+        window_cache(batches.partner_window, batches.image_side, batches.batch_size, train, budget)
+        if batches.partner_window and batches.image_side
+        else None
+    )
     explain(plan, train, val, budget, resources, window, batches)
     plan.image_side, plan.val.image_side = batches.image_side, batches.val_image_side or batches.image_side
     plan.group_aspect_ratio = batches.group_aspect_ratio

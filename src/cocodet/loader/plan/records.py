@@ -38,6 +38,7 @@ class ShmCheck:
 @dataclass(frozen=True)
 class Budget:
     """What the host allows this rank's loaders, and what one worker costs."""
+
     shm: int | None  # bytes of /dev/shm (None: no shm filesystem, not capped)
     mem_room: int  # bytes of memory for workers after the main process's headroom
     footprint: int  # one worker's own memory
@@ -49,6 +50,7 @@ class Budget:
 @dataclass
 class LoaderDraft:
     """One loader's plan as the steps of ``plan_loader`` shape it."""
+
     workers: int
     prefetch: int
     part_images: int | None
@@ -226,8 +228,9 @@ class LoaderPlan:
 
         kwargs = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers > 0:
-            kwargs.update(prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers,
-                          timeout=self.timeout_s)
+            kwargs.update(
+                prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers, timeout=self.timeout_s
+            )
             if "fork" in multiprocessing.get_all_start_methods():
                 kwargs["multiprocessing_context"] = "fork"
         return kwargs

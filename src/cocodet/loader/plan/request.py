@@ -14,17 +14,25 @@ log = logging.getLogger(__name__)
 def loader_request(loader: dict, overrides: list[str], environ: dict[str, str]) -> LoaderRequest:
     """The loader group's keys (plain values), this run's command-line overrides and the
     environment as the plan's request."""
-    policy, requested = worker_request(str(loader["policy"]), loader.get("num_workers"),
-                                       list(loader.get("inherit_from") or []), overrides, environ)
+    policy, requested = worker_request(
+        str(loader["policy"]), loader.get("num_workers"), list(loader.get("inherit_from") or []), overrides, environ
+    )
     footprint_mb = loader.get("worker_footprint_mb")
-    return LoaderRequest(policy, requested, int(loader["prefetch_factor"]), pin_memory=loader["pin_memory"],
-                         persistent_workers=bool(loader["persistent_workers"]),
-                         worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
-                         part_images=loader.get("part_images"), timeout_s=float(loader.get("timeout", 0)))
+    return LoaderRequest(
+        policy,
+        requested,
+        int(loader["prefetch_factor"]),
+        pin_memory=loader["pin_memory"],
+        persistent_workers=bool(loader["persistent_workers"]),
+        worker_footprint_bytes=int(footprint_mb) << 20 if footprint_mb else None,
+        part_images=loader.get("part_images"),
+        timeout_s=float(loader.get("timeout", 0)),
+    )
 
 
-def worker_request(policy: str, num_workers: int | None, inherit_from: list[str], overrides: list[str],
-                   environ: dict[str, str]) -> tuple[str, int | None]:
+def worker_request(
+    policy: str, num_workers: int | None, inherit_from: list[str], overrides: list[str], environ: dict[str, str]
+) -> tuple[str, int | None]:
     """Turn the policy name, this run's overrides and the environment into (source, count).
 
     A count named on this run's command line is explicit. A count that arrives any other way
@@ -49,5 +57,7 @@ def worker_request(policy: str, num_workers: int | None, inherit_from: list[str]
             return "inherited", int(value)
     if num_workers is not None:
         return "inherited", int(num_workers)
-    raise ConfigError(f"loader=inherited found no count: none of ${', $'.join(inherit_from)} is set and "
-                      "loader.num_workers is null. Set one of them, or use loader=auto")
+    raise ConfigError(
+        f"loader=inherited found no count: none of ${', $'.join(inherit_from)} is set and "
+        "loader.num_workers is null. Set one of them, or use loader=auto"
+    )

@@ -38,8 +38,11 @@ class HostResources:
     def table(self) -> str:
         """Host preflight: every resource the plan reads, with its number."""
         rows = [
-            ("CPUs", f"{self.usable_cpus} usable per rank (affinity {self.affinity_cpus}, cgroup quota "
-                     f"{self.cgroup_cpus if self.cgroup_cpus is not None else 'none'}, {self.local_world_size} local ranks)"),
+            (
+                "CPUs",
+                f"{self.usable_cpus} usable per rank (affinity {self.affinity_cpus}, cgroup quota "
+                f"{self.cgroup_cpus if self.cgroup_cpus is not None else 'none'}, {self.local_world_size} local ranks)",
+            ),
             ("shm", f"{self.shm_path}: {mib(self.shm_free_bytes, 'none')} free of {mib(self.shm_total_bytes, 'none')}"),
             ("memory", f"{mib(self.memory_available_bytes)} available ({self.memory_source})"),
             ("RLIMIT_NOFILE", f"soft {self.nofile_soft}, hard {self.nofile_hard}"),
@@ -69,9 +72,18 @@ def probe(shm_path: str = "/dev/shm", ranks_per_host: int = 1) -> HostResources:
     maps = read_text_or_none(Path("/proc/sys/vm/max_map_count"))
     mem, source = memory_available()
     return HostResources(
-        affinity_cpus=affinity, cgroup_cpus=quota, local_world_size=ranks, usable_cpus=max(1, max(1, cpus) // ranks),
-        shm_path=shm_path, shm_total_bytes=total, shm_free_bytes=free, nofile_soft=soft, nofile_hard=hard,
-        max_map_count=int(maps) if maps and maps.isdigit() else None, memory_available_bytes=mem, memory_source=source,
+        affinity_cpus=affinity,
+        cgroup_cpus=quota,
+        local_world_size=ranks,
+        usable_cpus=max(1, max(1, cpus) // ranks),
+        shm_path=shm_path,
+        shm_total_bytes=total,
+        shm_free_bytes=free,
+        nofile_soft=soft,
+        nofile_hard=hard,
+        max_map_count=int(maps) if maps and maps.isdigit() else None,
+        memory_available_bytes=mem,
+        memory_source=source,
     )
 
 

@@ -9,8 +9,11 @@ from cocodet.units import mib
 def shm_split_text(split: dict) -> str:
     def part(name: str) -> str:
         return f"{name} {mib(split[name])}"
-    return (f"{mib(split['budget'])} budget = {part('train')} + {part('val')} (each: in flight + 1 held by the main "
-            f"process) + {mib(split['budget'] - split['train'] - split['val'])} spare")
+
+    return (
+        f"{mib(split['budget'])} budget = {part('train')} + {part('val')} (each: in flight + 1 held by the main "
+        f"process) + {mib(split['budget'] - split['train'] - split['val'])} spare"
+    )
 
 
 def side_text(side: int | None) -> str:
