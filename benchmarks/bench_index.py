@@ -18,7 +18,9 @@ import time
 WAYS = {
     "pycocotools COCO()": "from pycocotools.coco import COCO; COCO(ANN)",
     "cocodet build_index (direct parse)": "from cocodet.datasets.index import build_index; build_index(ROOT, ANN)",
-    "cocodet cached index (2nd start)": "from cocodet.datasets.index_cache import cached_index; cached_index(ROOT, ANN, True, CACHE)",
+    "cocodet cached index (2nd start)": (
+        "from cocodet.datasets.index_cache import cached_index; cached_index(ROOT, ANN, True, CACHE)"
+    ),
 }
 
 

@@ -43,7 +43,7 @@ import json, sys, time
 from ultralytics.cfg import get_cfg
 from ultralytics.data.build import build_dataloader, build_yolo_dataset
 from ultralytics.utils import DEFAULT_CFG
-images, batch, workers, warmup, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+images, (batch, workers, warmup, batches) = sys.argv[1], map(int, sys.argv[2:6])
 cfg = get_cfg(DEFAULT_CFG, {"imgsz": 640, "cache": False, "mosaic": 1.0, "workers": workers, "plots": False})
 data = {"names": {i: str(i) for i in range(80)}, "nc": 80, "channels": 3}
 dataset = build_yolo_dataset(cfg, images, batch, data, mode="train")

@@ -167,10 +167,12 @@ def main() -> None:
         return
     print(
         f"# {args.size} px, {args.workers} workers, prefetch {args.prefetch}, RLIMIT_NOFILE "
-        f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, sharing strategy {torch.multiprocessing.get_sharing_strategy()}"
+        f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, "
+        f"sharing strategy {torch.multiprocessing.get_sharing_strategy()}"
     )
     print(
-        "| batch | layout | examples/s | vs list_of_dicts | wait p50 ms | wait p95 ms | storages/batch | fds held | maps held | error |"
+        "| batch | layout | examples/s | vs list_of_dicts | wait p50 ms | wait p95 ms | storages/batch | fds held "
+        "| maps held | error |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:

@@ -36,7 +36,7 @@ from ultralytics.cfg import get_cfg
 from ultralytics.data.build import build_dataloader, build_yolo_dataset
 from ultralytics.data.utils import check_det_dataset
 from ultralytics.utils import DEFAULT_CFG
-data_yaml, batch, workers, warmup, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+data_yaml, (batch, workers, warmup, batches) = sys.argv[1], map(int, sys.argv[2:6])
 data = check_det_dataset(data_yaml, autodownload=False)
 cfg = get_cfg(DEFAULT_CFG, {"imgsz": 640, "cache": False, "mosaic": 1.0, "workers": workers, "plots": False})
 dataset = build_yolo_dataset(cfg, data["train"], batch, data, mode="train")

@@ -1,7 +1,8 @@
 """Partner pools against whole-dataset partners: train both settings for several seeds, report the rule.
 
     python benchmarks/partner_pool_study.py --out /tmp/pool_study            # make train's settings
-    python benchmarks/partner_pool_study.py --out /tmp/pool_study --seeds 0 1 2 --settings 8 null -- trainer.max_epochs=30
+    python benchmarks/partner_pool_study.py --out /tmp/pool_study --seeds 0 1 2 --settings 8 null \
+        -- trainer.max_epochs=30
 
     python benchmarks/partner_pool_study.py --out /tmp/pool_bench --throughput --coco ../shared/data/coco_tiny
 

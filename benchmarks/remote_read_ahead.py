@@ -193,7 +193,8 @@ def report(rows: dict, objects: int, delay_ms: float) -> None:
         f"partners: {' '.join(PARTNERS) or 'the default'}\n"
     )
     print(
-        "| source | epoch | examples/s | vs local | GETs/sample | MB fetched | misses | retries | store CPU s | proxy CPU s |"
+        "| source | epoch | examples/s | vs local | GETs/sample | MB fetched | misses | retries | store CPU s "
+        "| proxy CPU s |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, s in rows.items():

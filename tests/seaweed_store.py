@@ -1,7 +1,8 @@
 """A real S3 store that keeps its data across restarts, for outage tests and the read-ahead
 benchmark: SeaweedFS's ``weed mini`` on 127.0.0.1, every one of its services on a free port
 (its defaults are fixed ports, so two would collide), its GETs logged (``-v=3``: one
-``"<identity>" GET "/bucket/key" 200`` line each, written at once with ``-logtostderr``). Killed and restarted on the same ports and folder."""
+``"<identity>" GET "/bucket/key" 200`` line each, written at once with ``-logtostderr``). Killed and
+restarted on the same ports and folder."""
 
 from __future__ import annotations
 

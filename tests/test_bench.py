@@ -1,4 +1,5 @@
-"""The measurement harness: a real sweep, its report and plot, and the two directions of docs/benchmarks.md's "Where the loop waits"."""
+"""The measurement harness: a real sweep, its report and plot, and the two directions of
+docs/benchmarks.md's "Where the loop waits"."""
 
 from __future__ import annotations
 

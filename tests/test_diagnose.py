@@ -1,4 +1,5 @@
-"""Which resource a loader failure points at, from the words torch and the kernel use (the failures README's Troubleshooting lists)."""
+"""Which resource a loader failure points at, from the words torch and the kernel use (the
+failures README's Troubleshooting lists)."""
 
 from __future__ import annotations
 

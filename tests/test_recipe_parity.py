@@ -238,9 +238,8 @@ def mismatches(ours: tuple, theirs: tuple) -> list[str]:
         if not torch.equal(a_targets[k]["labels"], b_targets[k]["labels"]):
             wrong.append(f"image {k}: labels {a_targets[k]['labels'].tolist()} != {b_targets[k]['labels'].tolist()}")
         elif not torch.allclose(a_targets[k]["boxes"], b_targets[k]["boxes"], atol=1e-3, rtol=0):
-            wrong.append(
-                f"image {k}: boxes differ by {float((a_targets[k]['boxes'] - b_targets[k]['boxes']).abs().max()):.4f} px"
-            )
+            apart = float((a_targets[k]["boxes"] - b_targets[k]["boxes"]).abs().max())
+            wrong.append(f"image {k}: boxes differ by {apart:.4f} px")
     a, b = (
         losses(our_model, our_images, our_targets, b_targets),
         losses(their_model, their_images, their_targets, b_targets),

@@ -194,7 +194,8 @@ def fake_run(folder: Path, mtime: int, dataset_root: str | None, fpn: int = 256)
     if dataset_root is not None:
         (folder / ".hydra").mkdir()
         (folder / ".hydra" / "config.yaml").write_text(
-            f"dataset:\n  root: {dataset_root}\n  train_images: train2017\n  train_ann: annotations/instances_train2017.json\n"
+            f"dataset:\n  root: {dataset_root}\n  train_images: train2017\n"
+            "  train_ann: annotations/instances_train2017.json\n"
             f"  val_images: val2017\n  val_ann: annotations/instances_val2017.json\n  synthetic: null\n"
             f"model:\n  detector:\n    name: fcos_resnet18_fpn\n    regression_bias: 1.0\n    fpn_channels: {fpn}\n"
             f"    pretrained: true\n"

@@ -18,7 +18,9 @@ ALLOWED = {
     "cocodet.datasets.index_cache.index_key": "hashes the annotation file: local, or the local copy of a URL",
     "cocodet.datasets.index.load_coco_json": "parses the annotation file: local, or the local copy of a URL",
     "cocodet.inference.standalone_predict.read_image": "the shipped predict.py: cannot import cocodet",
-    "cocodet.read_ahead.object_cache.ObjectCache._read_copy": "the read-ahead's local copies of objects read_bytes fetched",
+    "cocodet.read_ahead.object_cache.ObjectCache._read_copy": (
+        "the read-ahead's local copies of objects read_bytes fetched"
+    ),
 }
 
 

@@ -384,7 +384,8 @@ def test_a_valid_cache_on_a_read_only_mount_is_used(coco_tiny, tmp_path):
     open_pixel_cache(index, 64, "disk", tmp_path, "val", 2)
     code = (
         f"import logging; logging.basicConfig(level=logging.INFO)\n"
-        f"from cocodet.datasets.index_cache import cached_index\nfrom cocodet.data.pixel_cache import open_pixel_cache\n"
+        "from cocodet.datasets.index_cache import cached_index\n"
+        "from cocodet.data.pixel_cache import open_pixel_cache\n"
         f"i = cached_index({str(coco_tiny / 'val2017')!r}, {str(ann)!r}, True, {str(tmp_path)!r})\n"
         f"c = open_pixel_cache(i, 64, 'disk', {str(tmp_path)!r}, 'val', 2)\nprint('OK', len(i), c.count)"
     )

@@ -4,7 +4,8 @@ coco_tiny's train split is written as Ultralytics' layout (``yolo_layout.coco_as
 those labels are converted back to COCO JSON by an independent converter
 (``yolo_layout.yolo_as_coco``: PIL sizes, its own parse). Both datasets go through cocodet's
 datamodule with mosaic (the default recipe) and their epoch-0 train stream, drawn by the train
-loader, and the val loader's batches must match at every position: the same images (pixels), labels and boxes to 1e-3 px.
+loader, and the val loader's batches must match at every position: the same images (pixels),
+labels and boxes to 1e-3 px.
 A changed label line is seen. The ground truths are compared by one checkpoint's COCOeval in
 ``test_overfit_real.py``."""
 

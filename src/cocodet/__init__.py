@@ -4,8 +4,8 @@ __version__ = "0.1.0"
 
 
 def _register_config_parts() -> None:
-    """``${cocodet.checkout:}`` (logger=mlflow's default store) and ``${cocodet_run_dir:}`` resolve, and the groups' schemas
-    (``run_spec/schemas.py``) are found, in every config cocodet composes: train.py's, and
+    """``${cocodet.checkout:}`` (logger=mlflow's default store) and ``${cocodet_run_dir:}`` resolve, and the
+    groups' schemas (``run_spec/schemas.py``) are found, in every config cocodet composes: train.py's, and
     Hydra's compose API in a notebook or a test."""
     from cocodet.elastic import run_folder
     from cocodet.run_spec.schemas import register

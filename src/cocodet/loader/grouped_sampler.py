@@ -10,7 +10,8 @@ most batch_size - 1 per bin) is *mixed*, not repeated: the leftovers, sorted by 
 neighbouring ratios share a batch), are cut into batches of batch_size, the last one short.
 On coco_tiny with hflip's 800/1333 sizes and batch 4 this leaves 8.5 % of batch pixels as
 padding against 7.0 % for the reference's repeats and 28.7 % ungrouped (50 epochs' mean,
-``benchmarks/batch_padding.py``). Every image is taken exactly once per epoch, and the batch count is the same every epoch.
+``benchmarks/batch_padding.py``). Every image is taken exactly once per epoch, and the batch count
+is the same every epoch.
 
 Under DDP the epoch's batch list is padded to a multiple of the rank count by repeating its
 first batches (the ledger counts those images as padded), and rank r takes batches r, r + W, …:

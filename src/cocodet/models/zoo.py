@@ -150,10 +150,11 @@ def set_regression_prior(model: tvd.FCOS, bias: float) -> None:
 
     torchvision decodes ``relu(bbox_reg(x))`` as each side's distance in anchor sizes (the
     level's stride, 8 px at P3; a target's longest side distance is 4-8 of them at its level) and
-    initialises the conv's bias to 0, so every box starts as a point inside its target. There the GIoU loss reads 1.000 and gives almost no gradient, while the shared
-    regression tower, trained by the centerness loss alone, drifts the raw outputs; once they are
-    all below 0 the ReLU passes nothing and the run can never learn boxes (docs/studies.md, "The
-    collapse": seed 1 went dead at step 23). A bias of 1 starts each box one anchor size a side,
+    initialises the conv's bias to 0, so every box starts as a point inside its target. There the
+    GIoU loss reads 1.000 and gives almost no gradient, while the shared regression tower, trained
+    by the centerness loss alone, drifts the raw outputs; once they are all below 0 the ReLU passes
+    nothing and the run can never learn boxes (docs/studies.md, "The collapse": seed 1 went dead at
+    step 23). A bias of 1 starts each box one anchor size a side,
     the prior original FCOS gets from exp(0), so the loss has a gradient from the first step and a
     drift of the size measured (0.27 over a whole run) cannot reach the ReLU's edge."""
     torch.nn.init.constant_(model.head.regression_head.bbox_reg.bias, float(bias))

@@ -23,8 +23,8 @@ def partner_words(spec: RunSpec) -> str:
         return ", plus the mosaic partners it draws from the whole dataset"
     if source == "window":
         return (
-            f", plus the window partners of the first {spec.loader.batches.partner_window} positions of each epoch (later ones are "
-            "read from the window cache, not the store)"
+            f", plus the window partners of the first {spec.loader.batches.partner_window} positions of each epoch "
+            "(later ones are read from the window cache, not the store)"
         )
     return ""
 

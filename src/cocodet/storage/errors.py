@@ -131,8 +131,8 @@ def classified(url: str, operation: str, error: Exception, deadline: float, endp
         return StoreTimeout(
             redact(
                 f"{url}: the store at {endpoint} did not answer {operation} within dataset.remote.timeout_s="
-                f"{deadline:g} s; check the endpoint (dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL) and the "
-                "network, or raise dataset.remote.timeout_s"
+                f"{deadline:g} s; check the endpoint (dataset.storage_options.endpoint_url or AWS_ENDPOINT_URL) "
+                "and the network, or raise dataset.remote.timeout_s"
             )
         )
     if "connect" in type(error).__name__.lower() or "connect" in str(error).lower():

@@ -1,4 +1,5 @@
-"""Host-to-device copy time, measured apart from the loader wait (docs/benchmarks.md: the transfer is not the loader's wait).
+"""Host-to-device copy time, measured apart from the loader wait (docs/benchmarks.md: the transfer is
+not the loader's wait).
 
 On CUDA the copy is bracketed by CUDA events on the current stream and read later, so timing
 does not serialise the copy with the step; elsewhere a wall clock brackets the (synchronous)

@@ -79,7 +79,8 @@ def _shm(plan: LoaderPlan, res, message: str) -> str:
 
 def _disk(plan: LoaderPlan, res, message: str) -> str:
     path = full_disk_path(message)
-    full = f"the disk holding {path} is full ({_disk_space(path)}); not /dev/shm, which has {_fmt(res.shm_free_bytes)} free"
+    shm_free = _fmt(res.shm_free_bytes)
+    full = f"the disk holding {path} is full ({_disk_space(path)}); not /dev/shm, which has {shm_free} free"
     return _cause(
         full,
         "",
@@ -146,7 +147,8 @@ def _hang(plan: LoaderPlan) -> str:
     hint = (
         ""
         if plan.num_workers == 0
-        else "Reproduce in one process with loader=explicit loader.num_workers=0 (the watchdog then shows the main thread's stack)."
+        else "Reproduce in one process with loader=explicit loader.num_workers=0 "
+        "(the watchdog then shows the main thread's stack)."
     )
     return f"{body}\n{hint}"
 

@@ -53,7 +53,8 @@ def describe(plan: LoaderPlan) -> str:
         text = "in-process (0 workers)"
     else:
         shipped = f"parts of {plan.part_images}" if plan.part_images else "whole batches"
-        text = f"{plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}, prefetch {plan.prefetch_factor}, {shipped}"
+        workers = f"{plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}"
+        text = f"{workers}, prefetch {plan.prefetch_factor}, {shipped}"
     val = plan.val
     if val is not None and (val.num_workers, val.prefetch_factor, val.part_images) != (
         plan.num_workers,
