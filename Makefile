@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(HASH)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv train test test-slow bench plan clean
+.PHONY: venv train test test-slow lint bench plan clean
 
 $(STAMP): requirements.txt requirements-onnx.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ test: venv
 test-slow: venv
 	$(PY) -m pytest -q -m "slow and not serial" $(XDIST) $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m "slow and serial" $(PYTEST_ARGS) || test $$? -eq 5
+
+# Lint (pyflakes, pycodestyle, import order) and the format check, configured in pyproject.toml.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf outputs multirun lightning_logs .pytest_cache
