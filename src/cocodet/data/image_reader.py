@@ -66,8 +66,11 @@ class ImageReader:
     def rewritten(self, reads: CallReads, sources: list[Source]) -> bool:
         """Whether a window-cache view these sources use was rewritten while they were used;
         those images are forgotten, to be read again."""
-        stale = {id(s.image) for s in sources
-                 if id(s.image) in reads.views and not self.window_cache.intact(reads.views[id(s.image)][1])}
+        stale = {
+            id(s.image)
+            for s in sources
+            if id(s.image) in reads.views and not self.window_cache.intact(reads.views[id(s.image)][1])
+        }
         for view in stale:
             reads.loaded.pop(reads.views.pop(view)[0], None)
         return bool(stale)
@@ -124,5 +127,13 @@ class ImageReader:
             finally:
                 timings[READ] += time.perf_counter() - t0
         timings[DECODES] += 1
-        return load_resized(self.index, k, self.recipe.decode_size, timings, self.max_image_pixels,
-                            self.recipe.min_box_side, dst_for, self.copies)
+        return load_resized(
+            self.index,
+            k,
+            self.recipe.decode_size,
+            timings,
+            self.max_image_pixels,
+            self.recipe.min_box_side,
+            dst_for,
+            self.copies,
+        )

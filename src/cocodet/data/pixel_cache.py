@@ -32,15 +32,14 @@ import numpy as np
 from tqdm import tqdm
 
 from cocodet import schema
-from cocodet.host import memory_available
-from cocodet.units import MiB
-from cocodet.errors import UserError
 from cocodet.datasets.index import CocoIndex
-from cocodet.errors import BadSampleError
-from cocodet.images.read import Source, clip_targets, load_resized
+from cocodet.errors import BadSampleError, UserError
+from cocodet.host import memory_available
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
-from cocodet.storage.store import file_stamps
+from cocodet.images.read import Source, clip_targets, load_resized
 from cocodet.storage.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
+from cocodet.storage.store import file_stamps
+from cocodet.units import MiB
 
 log = logging.getLogger(__name__)
 PIXEL_FORMAT = 2  # bump when load_resized's output changes (2: a verified manifest)
@@ -76,15 +75,19 @@ def check_space(mode: str, need: int, folder: Path, split: str) -> None:
     """Refuse, with the numbers, a cache that would not fit on disk (or in memory for ram)."""
     free_disk = shutil.disk_usage(folder).free
     if need > free_disk * 0.9:
-        raise CacheSpaceError(f"dataset.cache={mode}: the {split} pixel cache needs {need / MiB:.0f} MiB but "
-                              f"{folder} has {free_disk / MiB:.0f} MiB free. Point dataset.cache_dir at a larger "
-                              f"disk, lower dataset.image_size, or use dataset.cache=none")
+        raise CacheSpaceError(
+            f"dataset.cache={mode}: the {split} pixel cache needs {need / MiB:.0f} MiB but "
+            f"{folder} has {free_disk / MiB:.0f} MiB free. Point dataset.cache_dir at a larger "
+            f"disk, lower dataset.image_size, or use dataset.cache=none"
+        )
     if mode == "ram":
         available, source = memory_available()
         if need > available * 0.5:  # the rest is for workers, batches and the model
-            raise CacheSpaceError(f"dataset.cache=ram: the {split} pixel cache needs {need / MiB:.0f} MiB resident "
-                                  f"but only {available / MiB:.0f} MiB of memory is available ({source}; the cache may take "
-                                  "half). Use dataset.cache=disk (pages read on demand) or dataset.cache=none")
+            raise CacheSpaceError(
+                f"dataset.cache=ram: the {split} pixel cache needs {need / MiB:.0f} MiB resident "
+                f"but only {available / MiB:.0f} MiB of memory is available ({source}; the cache may take "
+                "half). Use dataset.cache=disk (pages read on demand) or dataset.cache=none"
+            )
 
 
 class PixelCache:
@@ -108,8 +111,11 @@ class PixelCache:
     def pixels(self) -> np.ndarray:
         if self._pixels is None:
             total = int(self.offsets[-1])
-            self._pixels = (np.memmap(self.folder / "pixels.u8", dtype=np.uint8, mode="r", shape=(total,))
-                            if total else np.zeros(0, np.uint8))
+            self._pixels = (
+                np.memmap(self.folder / "pixels.u8", dtype=np.uint8, mode="r", shape=(total,))
+                if total
+                else np.zeros(0, np.uint8)
+            )
         return self._pixels
 
     def nbytes(self) -> int:
@@ -126,15 +132,22 @@ class PixelCache:
         if str(k) in self.errors:
             raise BadSampleError(str(index.paths[k]) or "<outside root>", int(index.image_ids[k]), self.errors[str(k)])
         h, w = (int(x) for x in self.shapes[k])
-        image = self.pixels[self.offsets[k]:self.offsets[k + 1]].reshape(h, w, 3)
+        image = self.pixels[self.offsets[k] : self.offsets[k + 1]].reshape(h, w, 3)
         oh, ow = (int(x) for x in self.orig_hw[k])
         boxes, labels = clip_targets(index, k, oh, ow)
         scale = float(self.scales[k])
         return Source(image, boxes * np.float32(scale), labels, (oh, ow), scale)
 
 
-def open_pixel_cache(index: CocoIndex, size: int, mode: str, cache_dir: str | os.PathLike, split: str,
-                     threads: int | None = None, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> PixelCache:
+def open_pixel_cache(
+    index: CocoIndex,
+    size: int,
+    mode: str,
+    cache_dir: str | os.PathLike,
+    split: str,
+    threads: int | None = None,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> PixelCache:
     """The split's pixel cache in ``cache_dir``: opened if built before (and valid), else checked
     for space, built (progress bar, ``threads`` decoding at once) and opened."""
     if schema.check("dataset.cache", mode) == "none":
@@ -146,28 +159,39 @@ def open_pixel_cache(index: CocoIndex, size: int, mode: str, cache_dir: str | os
     def build() -> None:
         check_space(mode, estimated_bytes(index, size), cache, split)
         try:
-            build_atomically(folder, lambda tmp: _build(index, size, tmp, split, threads or os.cpu_count() or 1, key,
-                                                        max_pixels))
+            build_atomically(
+                folder, lambda tmp: _build(index, size, tmp, split, threads or os.cpu_count() or 1, key, max_pixels)
+            )
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
-            raise CacheSpaceError(f"dataset.cache={mode}: the disk filled while building the {split} pixel cache in "
-                                  f"{cache} ({shutil.disk_usage(cache).free / MiB:.0f} MiB free now; the partial "
-                                  "build was removed). Free space there, point dataset.cache_dir at a larger disk, "
-                                  "or use dataset.cache=none") from None
+            raise CacheSpaceError(
+                f"dataset.cache={mode}: the disk filled while building the {split} pixel cache in "
+                f"{cache} ({shutil.disk_usage(cache).free / MiB:.0f} MiB free now; the partial "
+                "build was removed). Free space there, point dataset.cache_dir at a larger disk, "
+                "or use dataset.cache=none"
+            ) from None
 
     try:
         ensure_folder(cache)
         build_once(folder, build, {"format": PIXEL_FORMAT, "key": key, "size": size})
     except CacheUnwritable as e:
-        raise CacheSpaceError(f"dataset.cache={mode}: dataset.cache_dir={cache_dir} cannot be written and holds no "
-                              f"valid {split} pixel cache ({e.strerror}). Point dataset.cache_dir at a writable "
-                              "folder, or use dataset.cache=none") from None
+        raise CacheSpaceError(
+            f"dataset.cache={mode}: dataset.cache_dir={cache_dir} cannot be written and holds no "
+            f"valid {split} pixel cache ({e.strerror}). Point dataset.cache_dir at a writable "
+            "folder, or use dataset.cache=none"
+        ) from None
     pixel_cache = PixelCache(folder)
     if mode == "ram":
         pixel_cache.preload()
-    log.info("%s pixel cache (%s): %d images, %.1f MiB in %s", split, mode, pixel_cache.count,
-             pixel_cache.nbytes() / MiB, folder)
+    log.info(
+        "%s pixel cache (%s): %d images, %.1f MiB in %s",
+        split,
+        mode,
+        pixel_cache.count,
+        pixel_cache.nbytes() / MiB,
+        folder,
+    )
     return pixel_cache
 
 
@@ -186,8 +210,11 @@ def _build(index: CocoIndex, size: int, tmp: Path, split: str, threads: int, key
         except BadSampleError as e:
             return e
 
-    with (open(tmp / "pixels.u8", "wb") as out, ThreadPoolExecutor(threads) as pool,
-          tqdm(total=n, desc=f"caching {split} pixels", unit="image", mininterval=1.0) as bar):
+    with (
+        open(tmp / "pixels.u8", "wb") as out,
+        ThreadPoolExecutor(threads) as pool,
+        tqdm(total=n, desc=f"caching {split} pixels", unit="image", mininterval=1.0) as bar,
+    ):
         # OpenCV releases the GIL while decoding and resizing, so threads scale; map() keeps
         # the order, and chunks bound what waits in memory to be written.
         for start in range(0, n, 256):

@@ -41,8 +41,9 @@ import time
 
 import numpy as np
 
-from cocodet.window_slot import SLOT_HEADER as HEADER, slot_pixels
 from cocodet.storage.claims import SlotClaims
+from cocodet.window_slot import SLOT_HEADER as HEADER
+from cocodet.window_slot import slot_pixels
 
 PAGE = mmap.PAGESIZE
 # How long a reader waits for another live process writing the image it wants into the slot,
@@ -92,7 +93,9 @@ class WindowCache:
         self.wait_s = WAIT_S
         self.hits = self.misses = self.waits = self.waits_timed_out = 0
 
-    def get(self, position: int, index: int, copy: bool = False) -> tuple[np.ndarray, tuple[int, int], float, tuple] | None:
+    def get(
+        self, position: int, index: int, copy: bool = False
+    ) -> tuple[np.ndarray, tuple[int, int], float, tuple] | None:
         """(the pixels, stored (h, w), scale stored -> working, a token for :meth:`intact`) of
         dataset image ``index`` if the slot of ``position`` holds it whole; None (a miss)
         otherwise. The pixels are a read-only view into the slot (``copy``: a copy, checked
@@ -123,8 +126,9 @@ class WindowCache:
 
     def _pixels(self, slot: int, h: int, w: int, writable: bool) -> np.ndarray:
         at = _pixels_at(self.slots) + slot * slot_pixels(self.side)
-        return np.frombuffer(self._writable if writable else self.map, np.uint8, count=h * w * 3,
-                             offset=at).reshape(h, w, 3)
+        return np.frombuffer(self._writable if writable else self.map, np.uint8, count=h * w * 3, offset=at).reshape(
+            h, w, 3
+        )
 
     @contextlib.contextmanager
     def publishing(self, position: int, index: int):
@@ -228,8 +232,10 @@ class Publishing:
         if not np.shares_memory(image, target):
             target[...] = image
         headers = self.cache._write_headers
-        for name, value in zip(("index", "size", "h", "w", "orig_h", "orig_w", "scale"),
-                               (self.index, self.cache.side, h, w, *orig_hw, scale)):
+        for name, value in zip(
+            ("index", "size", "h", "w", "orig_h", "orig_w", "scale"),
+            (self.index, self.cache.side, h, w, *orig_hw, scale),
+        ):
             headers[name][self.slot] = value
         headers["gen"][self.slot] = self.writing + 1  # last: the slot is whole
         return self.cache._pixels(self.slot, h, w, writable=False), (self.slot, self.writing + 1)
