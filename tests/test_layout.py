@@ -155,7 +155,7 @@ ALLOWED = {
     "transforms": BELOW | {"storage", "datasets", "images"},
     "loader": BELOW,
     "read_ahead": BELOW | {"storage", "loader"},
-    "data": BELOW | {"storage", "datasets", "images", "transforms", "loader"},
+    "data": BELOW | {"storage", "datasets", "images", "transforms"},
 }
 MAX_MODULE_LINES = 300
 

@@ -3,7 +3,7 @@
 It reads the splits through ``datasets/splits.py`` (any layout), builds their datasets
 (``data/split_datasets.py``) and their loaders (``train_val_loaders.py``); what it records per batch
 it delegates: the train stream's position and digest to a :class:`StreamLedger`, bad samples to a
-:class:`BadSampleLedger`, copy times to a :class:`TransferTimer` (``data/batch_transfer.py``).
+:class:`BadSampleLedger`, copy times to a :class:`TransferTimer` (``batch_transfer.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import lightning as L
 
-from cocodet.data.batch_transfer import BatchTransfer
+from cocodet.batch_transfer import BatchTransfer
 from cocodet.data.dataset import DetectionDataset
 from cocodet.data.split_datasets import pixel_caches, refuse_uncacheable, split_datasets, verified_indexes
 from cocodet.datasets.bad_samples import BadSampleLedger
@@ -141,7 +141,7 @@ class CocoDataModule(BatchTransfer, TrainValLoaders, L.LightningDataModule):
             self.image_size,
             self.cache,
             self.cache_dir,
-            self.plan,
+            None if self.plan is None else self.plan.usable_cpus,
             self.max_image_pixels,
         )
         self.train_set, self.val_set = split_datasets(

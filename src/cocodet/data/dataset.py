@@ -1,13 +1,13 @@
 """Map-style detection dataset: it only maps, sample key -> partners -> images -> recipe.
 
-Determinism contract (design §5): sample i of epoch e draws everything (mosaic partners,
-every transform, a bad sample's replacement) from ``np.random.default_rng((seed, e, i))``.
-The sampler hands out :class:`~cocodet.sample.SampleKey` s, so persistent workers learn the
-epoch with each key instead of from state that would stay behind in a worker replica.
+Determinism contract (design §5): sample i of epoch e draws everything (mosaic partners, every transform, a bad
+sample's replacement) from ``np.random.default_rng((seed, e, i))``. The sampler hands out
+:class:`~cocodet.sample.SampleKey` s, so persistent workers learn the epoch with each key instead of from state
+that would stay behind in a worker replica.
 
-Where partners come from is ``data/partners.py`` (a window, a pool, the whole dataset); how an
-image is read (this call's reads, the window cache, the pixel cache, a decode) is
-``data/image_reader.py``. Per-call state travels in a ``CallReads``, never on the dataset.
+Where partners come from is ``data/partners.py`` (a window, a pool, the whole dataset); how an image is read
+(this call's reads, the window cache, the pixel cache, a decode) is ``data/image_reader.py``; the reads a
+sample will make, ``data/read_plan.py``. Per-call state travels in a ``CallReads``, never on the dataset.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import numpy as np
 import torch.utils.data
 
 from cocodet import schema
-from cocodet.datasets.bad_samples import skip_record
-from cocodet.datasets.index import CocoIndex
 from cocodet.data.image_reader import COLOUR, DECODES, GEOMETRY, CallReads, ImageReader
 from cocodet.data.partners import DatasetPartners, PoolPartners, WindowPartners
+from cocodet.data.read_plan import ReadPlan
+from cocodet.datasets.bad_samples import skip_record
+from cocodet.datasets.index import CocoIndex
 from cocodet.errors import BadSampleError
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.images.read import Source
@@ -32,22 +33,29 @@ from cocodet.transforms.recipe import Recipe, to_original
 MAX_REPLACEMENTS = 16  # a dataset where 16 random draws in a row are bad is not worth continuing
 
 
-class DetectionDataset(torch.utils.data.Dataset):
+class DetectionDataset(ReadPlan, torch.utils.data.Dataset):
     """Samples are dicts with ``sample.SAMPLE_FIELDS`` (``image_id``: of the image used, which a
     skipped sample's replacement changes). Images come at the working resolution from a decode
     or, with ``pixel_cache``, from the cache that stores exactly its output."""
 
-    def __init__(self, index: CocoIndex, recipe: Recipe, seed: int, on_bad_sample: str = "raise",
-                 pixel_cache=None, reuse_outputs: bool = False, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+    def __init__(
+        self,
+        index: CocoIndex,
+        recipe: Recipe,
+        seed: int,
+        on_bad_sample: str = "raise",
+        pixel_cache=None,
+        reuse_outputs: bool = False,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ):
         schema.check("dataset.on_bad_sample", on_bad_sample)
         self.index, self.recipe, self.seed, self.on_bad_sample = index, recipe, seed, on_bad_sample
         self.pixel_cache = pixel_cache
         self.reader = ImageReader(index, recipe, pixel_cache, max_image_pixels)
         self.pools, self.whole = PoolPartners(), DatasetPartners(len(index))
         self.window: WindowPartners | None = None
-        # With reuse_outputs, sample j of every __getitems__ call is written into the same
-        # buffer (warm pages, no per-sample page faults): only for a loader whose collate
-        # copies each batch before the next call, never for callers that keep samples.
+        # reuse_outputs: sample j of every __getitems__ call goes into one buffer (warm pages, no page faults);
+        # only for a loader whose collate copies each batch first, never for callers that keep samples.
         self.reuse_outputs = reuse_outputs
         self._outputs: list[np.ndarray] = []
         self.rank_order = None  # window partners: this rank's epoch order (loader/rank_share.RankOrder)
@@ -65,26 +73,6 @@ class DetectionDataset(torch.utils.data.Dataset):
         """The partner source a key asks for: its window position, its pool, else the whole dataset."""
         return self.window if key.position is not None else self.pools if key.pool else self.whole
 
-    def planned_reads(self, key) -> list[int]:
-        """The dataset indices sample ``key`` reads when every image is good, in the order it
-        reads them: its own, then its partners' planned by their source (the read-ahead's plan,
-        ``read_ahead/fetcher.py``). With the window cache, a window partner at or before the
-        sample's position is a cache read, not an object read, and is left out; among the
-        epoch's first W + 1 positions the sample's own image may be in the cache already (an
-        earlier sample drew it ahead of itself), so there the plan is an upper bound."""
-        key = SampleKey.of(key)
-        rng = np.random.default_rng((self.seed, key.epoch, key.index))
-        return [key.index] + self.partners_of(key).planned(key, rng, self.recipe.partners(rng))
-
-    def planned_epoch_reads(self, keys) -> list[list[int]]:
-        """:meth:`planned_reads` of an epoch's keys, in order. With the window cache, an image is
-        read from the store once per epoch (read in order, the plan is the reads exactly)."""
-        reads = [self.planned_reads(key) for key in keys]
-        if self.reader.window_cache is None or not self.recipe.partner_window:
-            return reads
-        seen: set[int] = set()
-        return [[k for k in r if not (k in seen or seen.add(k))] for r in reads]
-
     def __getitem__(self, key) -> dict:
         return self.__getitems__([key])[0]
 
@@ -94,7 +82,7 @@ class DetectionDataset(torch.utils.data.Dataset):
         outs = [None] * len(keys)
         if self.reuse_outputs and hw is not None:  # outputs of varying size get fresh arrays
             self._outputs += [np.empty((*hw, 3), np.uint8) for _ in range(len(keys) - len(self._outputs))]
-            outs = self._outputs[:len(keys)]
+            outs = self._outputs[: len(keys)]
         samples = [self._sample(SampleKey.of(key), reads, out) for key, out in zip(keys, outs)]
         # The collate learns which part it builds and whether the batch ends its epoch.
         return keys.with_samples(samples) if isinstance(keys, BatchKeys) else samples
@@ -123,19 +111,31 @@ class DetectionDataset(torch.utils.data.Dataset):
                 skipped.append(self._skipped(e, key.epoch, k, "sample" if k == key.index else "replacement"))
                 k = int(rng.integers(len(self.index)))  # deterministic replacement
         if primary is None:
-            raise RuntimeError(f"{MAX_REPLACEMENTS} bad samples in a row starting at index {key.index}: "
-                               f"last {skipped[-1]}; run with dataset.verify=true to list them all")
+            raise RuntimeError(
+                f"{MAX_REPLACEMENTS} bad samples in a row starting at index {key.index}: "
+                f"last {skipped[-1]}; run with dataset.verify=true to list them all"
+            )
         partners = self._partners(key, rng, primary, reads, timings, skipped)
         t0 = time.perf_counter()
         made = self.recipe(primary[:3], rng, [p[:3] for p in partners], out)
         timings[GEOMETRY], timings[COLOUR] = time.perf_counter() - t0 - made.colour_s, made.colour_s
-        sample = make_sample(made.image, made.boxes, made.labels, (key.epoch, key.index), int(self.index.image_ids[k]),
-                             to_original(primary.orig_hw, primary.scale, made.scale), stage_seconds=timings[:4],
-                             pad_share=made.pad_share, decodes=int(timings[DECODES]), skipped=skipped)
+        sample = make_sample(
+            made.image,
+            made.boxes,
+            made.labels,
+            (key.epoch, key.index),
+            int(self.index.image_ids[k]),
+            to_original(primary.orig_hw, primary.scale, made.scale),
+            stage_seconds=timings[:4],
+            pad_share=made.pad_share,
+            decodes=int(timings[DECODES]),
+            skipped=skipped,
+        )
         return sample, [primary, *partners]
 
-    def _partners(self, key: SampleKey, rng, primary: Source, reads: CallReads, timings: np.ndarray,
-                  skipped: list[dict]) -> list[Source]:
+    def _partners(
+        self, key: SampleKey, rng, primary: Source, reads: CallReads, timings: np.ndarray, skipped: list[dict]
+    ) -> list[Source]:
         """The partners the recipe wants, drawn by the key's source; a bad one is recorded and
         drawn again (a pool leaves it out)."""
         wanted, source, partners, bad = self.recipe.partners(rng), self.partners_of(key), [], set()

@@ -13,7 +13,6 @@ from cocodet.datasets.bad_samples import BadSampleLedger
 from cocodet.datasets.index import CocoIndex
 from cocodet.errors import BadSampleError, UserError
 from cocodet.images.verify import verify_indexes
-from cocodet.loader.plan.records import LoaderPlan
 from cocodet.transforms.recipe import Recipe
 
 
@@ -60,11 +59,11 @@ def pixel_caches(
     image_size: int,
     cache: str,
     cache_dir: str | None,
-    plan: LoaderPlan,
+    usable_cpus: int | None,
     max_image_pixels: int,
 ) -> tuple:
     """(train, val) pixel caches of ``dataset.cache`` (None, None for none), built with the plan's CPUs
-    (the plan is read only when there is a cache to build)."""
+    (``usable_cpus``; None: the cache's own default)."""
     if cache == "none":
         return None, None
     if cache_dir is None:
@@ -73,7 +72,7 @@ def pixel_caches(
             "folder with room for the images at dataset.image_size, or use dataset.cache=none"
         )
     return tuple(
-        open_pixel_cache(index, image_size, cache, cache_dir, split, plan.usable_cpus, max_image_pixels)
+        open_pixel_cache(index, image_size, cache, cache_dir, split, usable_cpus, max_image_pixels)
         for index, split in ((train, "train"), (val, "val"))
     )
 

@@ -45,8 +45,11 @@ class BatchTransfer:
         if device.type == "cuda" and self.first_batch_pinned is None:
             self.first_batch_pinned = bool(batch.images.is_pinned())  # summary.json; scripts/gpu_check.sh asserts it
             if self.plan.pin_memory and not self.first_batch_pinned:
-                log.warning("loader.pin_memory is on but batches arrive unpinned: copies to %s cannot overlap "
-                            "compute. Check that nothing between the DataLoader and the Trainer copies them", device)
+                log.warning(
+                    "loader.pin_memory is on but batches arrive unpinned: copies to %s cannot overlap "
+                    "compute. Check that nothing between the DataLoader and the Trainer copies them",
+                    device,
+                )
         if self.trainer is not None and not self.trainer.training:
             return to_device(batch, device)
         with self.transfer_timer.timing(device):
