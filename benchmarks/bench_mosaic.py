@@ -20,7 +20,8 @@ import numpy as np
 
 from cocodet.datasets.index import build_index
 from cocodet.images.read import load_raw
-from cocodet.transforms.augment import PAD_VALUE, Mosaic
+from cocodet.transforms.augment import Mosaic
+from cocodet.transforms.recipe import PAD_VALUE
 
 
 def albumentations_mosaic(s: int) -> A.Compose:

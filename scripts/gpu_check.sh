@@ -94,7 +94,7 @@ part compose 120 "$python" - <<'PY'
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from cocodet.run_spec.validate import validate
-from cocodet.modes import MODES
+from cocodet.schema import MODES
 with initialize_config_dir(config_dir=__import__("os").path.abspath("conf"), version_base="1.3"):
     for mode in MODES:
         for trainer in ("gpu", "ddp"):

@@ -5,8 +5,9 @@ How modules are classified: a module inside a package (``cocodet.datasets.index`
 package (``datasets``); a top-level module is a unit of its own: ``errors``, ``sample``, ``ranks``,
 ``units``, ``host``, ``schema`` and ``window_slot`` (the bottom layer), ``config`` (start-up validation),
 ``datamodule`` (the composition root), ``preview``, ``app`` and ``cli``; ``modes`` is the wiring
-package (one module per mode). The re-export modules that keep old ``_target_`` paths importing
-are exempt, by name.
+package (one module per mode). No module re-exports another's names: old ``_target_`` paths go
+through one map (``cocodet/compat.py``), a name is imported from the module that defines it, and
+no module imports a cocodet name it does not use.
 
 The data side is four packages, one job each, stacked bytes < COCO index < pixels < transforms,
 with ``data`` composing them; ``loader`` plans and moves batches and imports none of them.
@@ -26,8 +27,6 @@ import yaml
 from conftest import REPO
 
 SRC = REPO / "src" / "cocodet"
-# No module is a re-export any more: old _target_ paths go through one map (cocodet/compat.py).
-REEXPORTS: set[str] = set()
 # Every cocodet class or function a shipped YAML named as _target_ before the re-layout, and
 # those named since that still live where they were.
 OLD_TARGETS = [
@@ -44,6 +43,7 @@ OLD_TARGETS = [
     "cocodet.data.reference_presets.LargeScaleJitter",
     "cocodet.data.ssd_presets.SingleShotPreset",
     "cocodet.datamodule.CocoDataModule",
+    "cocodet.transforms.augment.Letterbox",
 ]
 # The index package's public names before it was renamed coco/ -> datasets/.
 OLD_DATASETS_TARGETS = [
@@ -199,7 +199,7 @@ def closure(graph: dict[str, set[str]], start: str, exempt: set[str]) -> set[str
 
 @pytest.fixture(scope="module")
 def graph():
-    return {m: deps for m, deps in direct_imports().items() if m not in REEXPORTS}
+    return direct_imports()
 
 
 def test_no_cycle_between_units(graph):
@@ -217,7 +217,7 @@ def layer_violations(graph: dict[str, set[str]], allowed: dict[str, set[str]]) -
     """'module -> unit' for each unit a layered package's module reaches that its layer may not."""
     bad = []
     for module in sorted(m for m in graph if unit(m) in allowed):
-        reached = {unit(d) for d in closure(graph, module, REEXPORTS)} - {unit(module)}
+        reached = {unit(d) for d in closure(graph, module, set())} - {unit(module)}
         bad += [f"{module} -> {u}" for u in sorted(reached - allowed[unit(module)])]
     return bad
 
@@ -273,6 +273,140 @@ def test_the_circle_check_catches_a_planted_circle():
     budget, policy = "cocodet.loader.plan.budget", "cocodet.loader.plan.policy"
     planted = {**graph, budget: graph[budget] | {policy}}
     assert any({budget, policy} <= set(c) for c in import_cycles(planted))
+
+
+def module_level(tree: ast.Module):
+    """The nodes of a module's own scope (under ``if`` and ``try`` too), not those of its functions and classes."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def is_cocodet(module: str | None) -> bool:
+    return module == "cocodet" or (module or "").startswith("cocodet.")
+
+
+def names_in_quoted_annotations(tree: ast.Module) -> set[str]:
+    """The names a quoted annotation (``position: "StreamPosition"``) uses."""
+    annotations = [
+        n.annotation for n in ast.walk(tree) if isinstance(n, (ast.arg, ast.AnnAssign)) and n.annotation is not None
+    ] + [n.returns for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns]
+    quoted = [
+        c.value for a in annotations for c in ast.walk(a) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+    ]
+    return {n.id for q in quoted for n in ast.walk(ast.parse(q, mode="eval")) if isinstance(n, ast.Name)}
+
+
+def unused_cocodet_imports(root: Path) -> list[str]:
+    """'path:line: name' for each cocodet name a module under ``root`` imports and never uses: a
+    name imported only for others to import from there (a ``noqa: F401`` hides it from ruff)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | names_in_quoted_annotations(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and is_cocodet(node.module):
+                bound = [a.asname or a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                bound = [a.asname or a.name.split(".")[0] for a in node.names if is_cocodet(a.name)]
+            else:
+                continue
+            found += [f"{path.relative_to(root)}:{node.lineno}: {b}" for b in bound if b not in used]
+    return found
+
+
+def names_not_from_their_module(root: Path, importers: list[Path]) -> list[str]:
+    """'path:line: name from module' for each ``from cocodet.m import name`` in ``importers`` where
+    ``m`` (a module under ``root``) has ``name`` only by importing it from cocodet: a re-export,
+    relied on. So is ``m.name`` through a module alias, unless the file patches that name there
+    (``monkeypatch.setattr(m, "name", ...)``: where ``m``'s callers look it up)."""
+    modules = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p for p in root.rglob("*.py")
+    }
+    imported: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        nodes = list(module_level(ast.parse(path.read_text())))
+        imported[name] = {
+            (a.asname or a.name).split(".")[0]
+            for n in nodes
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in n.names
+            if is_cocodet(n.module if isinstance(n, ast.ImportFrom) else a.name)
+        }
+    found = []
+    for path in importers:
+        tree = ast.parse(path.read_text())
+        aliases = {}  # a name bound to a module under root (``from cocodet.storage import store as storage``)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in modules and not node.level:
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in modules:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    elif a.name in imported[node.module]:
+                        found.append(f"{path}:{node.lineno}: {a.name} from {node.module}")
+            elif isinstance(node, ast.Import):
+                aliases |= {a.asname: a.name for a in node.names if a.asname and a.name in modules}
+        patched = {
+            (c.args[0].id, c.args[1].value)
+            for c in ast.walk(tree)
+            if isinstance(c, ast.Call)
+            and getattr(c.func, "attr", "") == "setattr"
+            and len(c.args) >= 2
+            and isinstance(c.args[0], ast.Name)
+            and isinstance(c.args[1], ast.Constant)
+        }
+        found += [  # storage.configure, with configure imported by store.py
+            f"{path}:{n.lineno}: {n.attr} from {aliases[n.value.id]}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id in aliases
+            and n.attr in imported[aliases[n.value.id]]
+            and (n.value.id, n.attr) not in patched
+        ]
+    return found
+
+
+def test_no_module_imports_a_cocodet_name_it_does_not_use(tmp_path):
+    """No module re-exports another's names (design §1): an import kept for its side effect
+    (``import torchvision``, which registers ops) is no cocodet name, and stays."""
+    assert unused_cocodet_imports(SRC.parent) == []
+    (tmp_path / "cocodet").mkdir()
+    (tmp_path / "cocodet" / "planted.py").write_text(
+        "from cocodet.schema import MODES  # noqa: F401  (re-exported)\nfrom cocodet.units import GiB\nx = GiB\n"
+    )
+    (tmp_path / "cocodet" / "used.py").write_text("def f():\n    import cocodet.units as u\n\n    return u\n")
+    assert unused_cocodet_imports(tmp_path) == ["cocodet/planted.py:1: MODES"]
+
+
+def test_names_are_imported_from_the_module_that_defines_them(tmp_path):
+    """Importers in src/, tests/, benchmarks/ and scripts/ name the defining module, never one
+    that only imports the name (which would have to keep importing it for them)."""
+    importers = [
+        p for folder in ("src", "tests", "benchmarks", "scripts") for p in sorted((REPO / folder).rglob("*.py"))
+    ]
+    assert len(importers) > 200
+    assert names_not_from_their_module(SRC.parent, importers) == []
+    planted = tmp_path / "cocodet"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    (planted / "defines.py").write_text("THING = 1\n")
+    (planted / "passes_on.py").write_text("from cocodet.defines import THING\n\nTWICE = 2 * THING\n")
+    (planted / "reader.py").write_text(
+        "from cocodet import defines, passes_on as other\nfrom cocodet.passes_on import THING, TWICE\n"
+        "print(defines.THING, other.TWICE, other.THING)\n"
+    )
+    (planted / "patcher.py").write_text(  # patched where its callers look it up: not a reader of the re-export
+        "from cocodet import passes_on\n\ndef test(monkeypatch):\n"
+        "    real = passes_on.THING\n    monkeypatch.setattr(passes_on, 'THING', real + 1)\n"
+    )
+    assert names_not_from_their_module(tmp_path, [planted / "reader.py", planted / "patcher.py"]) == [
+        f"{planted / 'reader.py'}:2: THING from cocodet.passes_on",
+        f"{planted / 'reader.py'}:3: THING from cocodet.passes_on",
+    ]
 
 
 def long_modules(root: Path) -> list[str]:
@@ -387,7 +521,7 @@ def test_only_the_bench_mode_imports_bench(graph):
     for module, deps in graph.items():
         if unit(module) == "bench" or module == "cocodet.modes.bench":
             continue
-        reached = {d for d in closure(graph, module, REEXPORTS | {"cocodet.modes.bench"}) if unit(d) == "bench"}
+        reached = {d for d in closure(graph, module, {"cocodet.modes.bench"}) if unit(d) == "bench"}
         assert not reached, f"{module} imports {sorted(reached)}"
 
 
@@ -450,13 +584,35 @@ def test_each_old_loader_path_is_mapped_with_one_warning_naming_the_new_path(cap
     assert all(compat.MOVED_TARGETS[old] in line for old, line in zip(OLD_LOADER_TARGETS, lines))
 
 
-def test_a_run_with_an_old_target_path_runs_and_says_the_new_one(tmp_path):
+def test_letterbox_named_through_augment_py_is_mapped_with_one_warning_naming_recipe_py(caplog):
+    """transforms/augment.py once re-exported recipe.Letterbox; a config naming that path runs on."""
+    from cocodet import compat
+
+    compat._warned.clear()
+    with caplog.at_level("WARNING", logger="cocodet.compat"):
+        for _ in range(2):
+            tree = {"augment": {"_target_": "cocodet.transforms.augment.Letterbox", "image_size": 640}}
+            assert compat.current_targets(tree) == ["augment._target_"]
+            assert tree["augment"]["_target_"] == "cocodet.transforms.recipe.Letterbox"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "cocodet.transforms.recipe.Letterbox" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "augment,old,new",
+    [
+        ("mosaic", "cocodet.data.augment.Mosaic", "cocodet.transforms.augment.Mosaic"),
+        ("none", "cocodet.transforms.augment.Letterbox", "cocodet.transforms.recipe.Letterbox"),
+    ],
+)
+def test_a_run_with_an_old_target_path_runs_and_says_the_new_one(tmp_path, augment, old, new):
     proc = subprocess.run(
         [
             sys.executable,
             "train.py",
             "mode=plan",
-            "augment._target_=cocodet.data.augment.Mosaic",
+            f"augment={augment}",
+            f"augment._target_={old}",
             f"hydra.run.dir={tmp_path}",
         ],
         cwd=REPO,
@@ -468,7 +624,7 @@ def test_a_run_with_an_old_target_path_runs_and_says_the_new_one(tmp_path):
     warned = [
         line for line in (proc.stdout + proc.stderr).splitlines() if "is an old path" in line
     ]  # Hydra's log: stdout
-    assert len(warned) == 1 and "cocodet.transforms.augment.Mosaic" in warned[0], proc.stdout[-2000:]
+    assert len(warned) == 1 and new in warned[0], proc.stdout[-2000:]
 
 
 OLD_RECIPE_PATHS = {
@@ -518,7 +674,9 @@ def test_a_recipe_named_by_its_old_path_is_sized_as_by_its_new_one(augment):
 
 
 def test_shipped_configs_name_current_paths():
-    """Every cocodet _target_ in conf/ imports, and none goes through a re-export module."""
+    """Every cocodet _target_ in conf/ imports, and none is an old path (compat.py maps those)."""
+    from cocodet.compat import MOVED_TARGETS
+
     targets = set()
     for path in (REPO / "conf").rglob("*.yaml"):
         stack = [yaml.safe_load(path.read_text())]
@@ -534,7 +692,7 @@ def test_shipped_configs_name_current_paths():
     assert len(targets) >= 7
     for target in targets:
         module, name = target.rsplit(".", 1)
-        assert module not in REEXPORTS, f"{target}: shipped configs use the new path"
+        assert target not in MOVED_TARGETS, f"{target}: shipped configs use the new path"
         assert callable(getattr(importlib.import_module(module), name)), target
 
 

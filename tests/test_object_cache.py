@@ -44,7 +44,7 @@ def store():
 @pytest.fixture
 def bucket(store, tmp_path):
     """A fresh bucket of 12 objects; (endpoint, urls, bodies), the store configured for them."""
-    from cocodet.storage import store as storage
+    from cocodet.storage import session
 
     name = f"{BUCKET}-{os.urandom(4).hex()}"
     client = s3_client(store)
@@ -52,11 +52,11 @@ def bucket(store, tmp_path):
     bodies = [np.random.default_rng(k).bytes(size) for k, size in enumerate(SIZES)]
     for k, body in enumerate(bodies):
         client.put_object(Bucket=name, Key=f"img/{k:03d}.jpg", Body=body)
-    storage.configure({"endpoint_url": store}, timeout_s=5, retries=2, give_up_s=10)
+    session.configure({"endpoint_url": store}, timeout_s=5, retries=2, give_up_s=10)
     urls = [f"s3://{name}/img/{k:03d}.jpg" for k in range(len(bodies))]
     recorded(store, reset=True)
     yield store, urls, bodies
-    storage.configure()
+    session.configure()
 
 
 def gets_of(endpoint: str, url: str) -> int:
@@ -168,10 +168,10 @@ def test_a_slow_fetch_keeps_its_claim_past_every_timeout(bucket, tmp_path):
     """A claimer whose GET takes longer than timeout_s + give_up_s keeps its claim while it
     lives: the waiter waits for its copy instead of deleting the claim and fetching again
     (before: after 0.5 + 1 s the waiter took over, and two writers raced for one name)."""
-    from cocodet.storage import store as storage
+    from cocodet.storage import session
 
     endpoint, urls, bodies = bucket
-    storage.configure({"endpoint_url": endpoint}, timeout_s=0.5, retries=1, give_up_s=1)
+    session.configure({"endpoint_url": endpoint}, timeout_s=0.5, retries=1, give_up_s=1)
     cache = cache_for(tmp_path, urls)
     claimed, result = FORK.Event(), FORK.Value("i", 0)
     slow = FORK.Process(target=_slow_fetch, args=(cache, urls[3], claimed, result))
@@ -245,6 +245,7 @@ def test_an_etag_that_is_not_the_md5_is_checked_by_size(bucket, tmp_path, monkey
     copy is kept when the store still lists the same ETag (before: "the object changed", the
     run ended); a different ETag is a change, and refused."""
     from cocodet.storage import store as storage
+    from cocodet.storage.errors import StoreError
 
     _, urls, bodies = bucket
     cache = cache_for(tmp_path, urls)
@@ -256,12 +257,12 @@ def test_an_etag_that_is_not_the_md5_is_checked_by_size(bucket, tmp_path, monkey
     assert cache.read(urls[5]) == bodies[5] and cache.read(urls[6]) == bodies[6]
     assert heads == [urls[5]]  # one HEAD settles it for this store
     cache.objects[urls[7]] = {**cache.objects[urls[7]], "size": SIZES[7] + 1}
-    with pytest.raises(storage.StoreError, match="changed during the run"):
+    with pytest.raises(StoreError, match="changed during the run"):
         cache.read(urls[7])  # the size is checked always
     other = cache_for(tmp_path / "other", urls)
     other.objects[urls[8]] = {**other.objects[urls[8]], "etag": kms_etag}
     monkeypatch.setattr(storage, "object_info", lambda url: {"size": 0, "etag": "f" * 32})
-    with pytest.raises(storage.StoreError, match="changed during the run"):
+    with pytest.raises(StoreError, match="changed during the run"):
         other.read(urls[8])
 
 
@@ -294,7 +295,7 @@ def test_loader_workers_are_forked_whatever_the_default_start_method(tmp_path):
 import multiprocessing
 multiprocessing.set_start_method("forkserver", force=True)
 import torch
-from cocodet.storage import store as storage
+from cocodet.storage import session
 from cocodet.loader.plan.records import BatchGeometry, LoaderRequest
 from cocodet.loader.plan.policy import plan_loader
 from cocodet.loader.plan.resources import probe
@@ -303,16 +304,16 @@ class Counting(torch.utils.data.Dataset):
     def __len__(self):
         return 8
     def __getitem__(self, k):
-        storage.count("gets")
+        session.count("gets")
         return torch.zeros(2)
 
-storage.configure()
+session.configure()
 plan = plan_loader(LoaderRequest("explicit", 2, 2), BatchGeometry(4, 1 << 20), probe(), cuda=False)
 loader = torch.utils.data.DataLoader(Counting(), batch_size=4, **plan.dataloader_kwargs())  # as build_loader does
 print(loader.multiprocessing_context.get_start_method() if loader.multiprocessing_context else None)
 for _ in loader:
     pass
-print(int(storage.counts()["gets"]))
+print(int(session.counts()["gets"]))
 """)
     proc = subprocess.run(
         [sys.executable, str(script)],
@@ -327,11 +328,12 @@ print(int(storage.counts()["gets"]))
 
 FULL_DISK = """
 import hashlib, json, logging, os, sys
+from cocodet.storage import session
 from cocodet.storage import store as storage
 from cocodet.read_ahead.object_cache import ObjectCache
 
 endpoint, folder, urls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-storage.configure({"endpoint_url": endpoint}, timeout_s=5, retries=2, give_up_s=10)
+session.configure({"endpoint_url": endpoint}, timeout_s=5, retries=2, give_up_s=10)
 lines = []
 handler = logging.Handler()
 handler.emit = lambda record: lines.append(record.getMessage())

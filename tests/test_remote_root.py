@@ -161,9 +161,9 @@ def test_the_annotation_is_fetched_once_and_the_index_not_parsed_again(store, tm
 def test_prediction_grid_tiles_are_read_from_the_bucket(store, coco_tiny):
     from cocodet.datasets.splits import SplitLoader
     from cocodet.models.prediction_grid import _stored_image
-    from cocodet.storage import store as storage
+    from cocodet.storage import session
 
-    storage.configure({"endpoint_url": store})
+    session.configure({"endpoint_url": store})
     val = (
         SplitLoader(
             root=f"s3://{BUCKET}",
@@ -220,7 +220,7 @@ def test_a_deleted_object_is_a_bad_sample_named_by_its_key(store, coco_tiny, tmp
 
 
 def test_a_store_that_does_not_answer_ends_the_run_within_the_timeout(tmp_path, monkeypatch):
-    from cocodet.storage.store import StoreDown
+    from cocodet.storage.errors import StoreDown
 
     for name, value in DUMMY_KEYS.items():
         monkeypatch.setenv(name, value)
@@ -312,14 +312,14 @@ def test_a_response_cut_short_is_retried(store, coco_tiny, monkeypatch):
     name = sorted(p.name for p in (coco_tiny / "train2017").iterdir())[3]
     proxy = CuttingProxy(store, f"GET /{BUCKET}/train2017/{name}".encode(), cuts=2)
     try:
-        storage.configure({"endpoint_url": proxy.endpoint}, timeout_s=10, retries=3, give_up_s=5)
+        session.configure({"endpoint_url": proxy.endpoint}, timeout_s=10, retries=3, give_up_s=5)
         before = session.counts().get("retries", 0)
         data = storage.get_object(f"s3://{BUCKET}/train2017/{name}")
         assert data == (coco_tiny / "train2017" / name).read_bytes()
         assert proxy.cuts == 0 and session.counts()["retries"] - before == 2
     finally:
         proxy.close()
-        storage.configure({"endpoint_url": store})
+        session.configure({"endpoint_url": store})
 
 
 def test_a_credential_override_is_refused_before_hydra_writes_it(tmp_path):

@@ -17,11 +17,12 @@ import pytest
 from conftest import is_root, run_in_process, run_train
 
 from cocodet.data.partners import window_position
-from cocodet.data.window_cache import HEADER, WindowCache
+from cocodet.data.window_cache import WindowCache
 from cocodet.errors import ConfigError
 from cocodet.loader.stream_position import ResumeError, StreamPosition
 from cocodet.transforms.augment import Mosaic
 from cocodet.transforms.partner_source import partner_source
+from cocodet.window_slot import SLOT_HEADER
 
 
 def test_a_window_partner_is_one_of_the_w_positions_before_the_sample():
@@ -114,7 +115,7 @@ def test_a_writer_killed_mid_write_leaves_a_miss_and_loses_its_claim():
     if pid == 0:  # claim the slot, mark it being written, write half an image, die
         assert cache.claims.try_claim(1)
         gen = int(cache.headers[1]["gen"])
-        os.pwrite(cache.fd, np.int64(gen + 1).tobytes(), 1 * HEADER.itemsize)
+        os.pwrite(cache.fd, np.int64(gen + 1).tobytes(), 1 * SLOT_HEADER.itemsize)
         os.kill(os.getpid(), signal.SIGKILL)
     os.waitpid(pid, 0)
     assert cache.get(1, 5) is None  # a half-written slot is a miss

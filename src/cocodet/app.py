@@ -16,14 +16,14 @@ from cocodet.loader.plan.resources import raise_nofile_limit
 from cocodet.modes import MODE_TABLE
 from cocodet.modes.wiring import build_plan
 from cocodet.run_spec.read import read_spec
-from cocodet.storage import store as storage
+from cocodet.storage.session import configure as configure_store
 from cocodet.summary_file import write_summary
 
 
 def run(cfg: DictConfig) -> dict:
     spec = read_spec(cfg)
-    # How a URL dataset root (and predict.source) is opened, for every mode (storage/store.py)
-    storage.configure(spec.storage.options, rank=spec.ranks.global_rank, **spec.storage.remote)
+    # How a URL dataset root (and predict.source) is opened, for every mode (storage/session.py)
+    configure_store(spec.storage.options, rank=spec.ranks.global_rank, **spec.storage.remote)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     raise_nofile_limit()
     plan, resources = build_plan(spec)

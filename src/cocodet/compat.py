@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 # re-export modules were removed when this table replaced them).
 MOVED_TARGETS = {
     "cocodet.data.augment.Basic": "cocodet.transforms.augment.Basic",
-    "cocodet.data.augment.Letterbox": "cocodet.transforms.augment.Letterbox",
+    "cocodet.data.augment.Letterbox": "cocodet.transforms.recipe.Letterbox",
     "cocodet.data.augment.Mosaic": "cocodet.transforms.augment.Mosaic",
     "cocodet.data.datamodule.CocoDataModule": "cocodet.datamodule.CocoDataModule",
     "cocodet.data.reference_presets.HFlip": "cocodet.transforms.reference_presets.HFlip",
@@ -27,6 +27,8 @@ MOVED_TARGETS = {
     "cocodet.data.ssd_presets.SingleShotPreset": "cocodet.transforms.ssd_presets.SingleShotPreset",
     "cocodet.data.ssd_presets.FixedResize": "cocodet.transforms.ssd_presets.FixedResize",
     "cocodet.bench.callback.LoaderTimingCallback": "cocodet.timing.callback.LoaderTimingCallback",
+    # transforms/augment.py imported Letterbox for its users; it lives in (and is named from) recipe.py.
+    "cocodet.transforms.augment.Letterbox": "cocodet.transforms.recipe.Letterbox",
 }
 # The index package, renamed coco/ -> datasets/ once it held every layout: module -> its public
 # names; those that also changed module are listed after.

@@ -21,8 +21,8 @@ from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
 from cocodet.loader.failures.replan import Replanner
 from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.stream_ledger import StreamLedger
-from cocodet.storage.store import counts as storage_counts
-from cocodet.storage.store import is_remote
+from cocodet.storage.session import counts as storage_counts
+from cocodet.storage.urls import is_remote
 from cocodet.timing.transfer import TransferTimer
 from cocodet.train_val_loaders import TrainValLoaders
 from cocodet.transforms.recipe import Recipe

@@ -8,7 +8,8 @@ import hashlib
 
 import numpy as np
 
-from cocodet.loader.flat_batch import STATS_COLUMNS, FlatBatch, update_digest
+from cocodet.loader.flat_batch import FlatBatch, update_digest
+from cocodet.loader.plan.flat_layout import STATS_COLUMNS
 from cocodet.timing.measurement import Measurement
 
 

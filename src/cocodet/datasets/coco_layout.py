@@ -10,7 +10,8 @@ from cocodet.datasets.index import DatasetConfigError
 from cocodet.datasets.index_cache import cached_index
 from cocodet.datasets.layouts import Source, Splits
 from cocodet.storage.local_copy import local_copy
-from cocodet.storage.store import is_dir, is_remote, join
+from cocodet.storage.store import is_dir
+from cocodet.storage.urls import is_remote, join
 
 _local_copies: dict[tuple[str, str | None], Path] = {}  # (URL, cache_dir) -> this process's local copy
 

@@ -21,7 +21,8 @@ from tqdm import tqdm
 from cocodet.datasets.keep_rules import image_stays, training_boxes
 from cocodet.datasets.paths import remote_inside, resolve_inside
 from cocodet.errors import UserError
-from cocodet.storage.store import is_dir, is_remote
+from cocodet.storage.store import is_dir
+from cocodet.storage.urls import is_remote
 
 log = logging.getLogger(__name__)
 

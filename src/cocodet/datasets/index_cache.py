@@ -24,7 +24,8 @@ import numpy as np
 
 from cocodet.datasets.index import CocoIndex, build_index
 from cocodet.storage.cache_files import CacheUnwritable, build_atomically, build_once, ensure_folder
-from cocodet.storage.store import is_dir, is_remote
+from cocodet.storage.store import is_dir
+from cocodet.storage.urls import is_remote
 
 log = logging.getLogger(__name__)
 # Bump when CocoIndex's fields or their meaning change (2: absolute image paths; 3: a verified

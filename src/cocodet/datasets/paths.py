@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cocodet.storage.store import join
+from cocodet.storage.urls import join
 
 
 def resolve_inside(root: Path, file_name: str, real_dirs: dict[str, str] | None = None) -> Path | None:

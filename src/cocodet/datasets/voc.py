@@ -43,7 +43,8 @@ from cocodet.datasets.layouts import Source, Splits
 from cocodet.datasets.paths import remote_inside, resolve_inside
 from cocodet.datasets.voc_xml import Annotation, object_problem, read_xml
 from cocodet.datasets.yolo_index import image_ids
-from cocodet.storage.store import file_stamps, is_dir, is_remote, join, listing, read_bytes
+from cocodet.storage.store import file_stamps, is_dir, listing, read_bytes
+from cocodet.storage.urls import is_remote, join
 
 LISTS = {"train": "ImageSets/Main/train.txt", "val": "ImageSets/Main/val.txt"}
 GROUND_TRUTH = "ground_truth.json"

@@ -32,7 +32,8 @@ from cocodet.datasets.paths import resolve_inside
 from cocodet.datasets.yolo_headers import image_header
 from cocodet.datasets.yolo_labels import label_path, read_labels
 from cocodet.datasets.yolo_yaml import IMAGE_SUFFIXES, YoloLayout, find_data_yaml, parent, read_data_yaml, resolve
-from cocodet.storage.store import file_stamps, is_dir, is_remote, listing, read_bytes
+from cocodet.storage.store import file_stamps, is_dir, listing, read_bytes
+from cocodet.storage.urls import is_remote
 
 GROUND_TRUTH = "ground_truth.json"
 

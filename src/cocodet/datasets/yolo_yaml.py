@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import yaml
 
 from cocodet.datasets.index import DatasetConfigError
-from cocodet.storage.store import is_dir, is_file, is_remote, join, object_info, read_bytes
+from cocodet.storage.store import is_dir, is_file, object_info, read_bytes
+from cocodet.storage.urls import is_remote, join
 
 log = logging.getLogger(__name__)
 

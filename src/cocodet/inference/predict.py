@@ -30,7 +30,8 @@ from cocodet.loader.epoch_sampler import EpochSampler
 from cocodet.loader.flat_batch import restore, to_device
 from cocodet.models.evaluation import coco_results
 from cocodet.sample import make_sample
-from cocodet.storage.store import is_file, is_remote, listing, read_bytes
+from cocodet.storage.store import is_file, listing, read_bytes
+from cocodet.storage.urls import is_remote
 from cocodet.transforms.recipe import Recipe, to_original
 
 log = logging.getLogger(__name__)

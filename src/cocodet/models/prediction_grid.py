@@ -22,7 +22,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from cocodet.datasets.index import CocoIndex
 from cocodet.images.decode import decode_checked
 from cocodet.images.header import DEFAULT_MAX_IMAGE_PIXELS
-from cocodet.storage.store import StoreError, read_bytes
+from cocodet.storage.errors import StoreError
+from cocodet.storage.store import read_bytes
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import lightning as L
 
 from cocodet.ranks import elastic_launch
-from cocodet.storage.store import StoreDown
+from cocodet.storage.errors import StoreDown
 
 log = logging.getLogger(__name__)
 

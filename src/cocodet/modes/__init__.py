@@ -7,8 +7,6 @@ its loader plan and the probed host, and returns the run's summary. These module
 wiring layer: they hand the spec's parts to everything below as plain arguments.
 """
 
-from cocodet.schema import MODES  # noqa: F401  (the choices; tests/test_config.py keeps both equal)
-
 MODE_TABLE = {
     "train": "cocodet.modes.train:train",
     "bench": "cocodet.modes.bench:bench",

@@ -11,7 +11,7 @@ from cocodet.loader.plan.pod_requests import pod_requests, pod_requests_text
 from cocodet.loader.plan.records import LoaderPlan
 from cocodet.loader.plan.resources import HostResources
 from cocodet.run_spec.records import RunSpec
-from cocodet.storage.store import is_remote
+from cocodet.storage.urls import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ def remote_reads(spec: RunSpec, train, images: tuple[str, str], loader_plan: Loa
     listing of the train images' prefix, ``images``: (root, folder)), and the images two ranks
     share (the sampler's padding)."""
     from cocodet.loader.rank_share import padding, rank_indices
-    from cocodet.storage.store import join, listing
+    from cocodet.storage.store import listing
+    from cocodet.storage.urls import join
 
     ranks, root = spec.ranks, spec.dataset.root
     sizes = listing(join(*images))

@@ -9,6 +9,7 @@ import logging
 import re
 
 from cocodet.storage import store as storage
+from cocodet.storage.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class ListingCheck:
                     url,
                 )
         if changed:
-            raise storage.StoreError(
+            raise StoreError(
                 f"{url}: read {len(data)} bytes that do not match the listing ({want['size']} "
                 f"bytes, ETag {etag}); the object changed during the run: start it again"
             )

@@ -36,6 +36,7 @@ from cocodet.read_ahead.listing_check import ListingCheck
 from cocodet.read_ahead.reader_gets import ReaderGets
 from cocodet.storage import store as storage
 from cocodet.storage.claims import claim_file
+from cocodet.storage.session import check_store_up, count
 
 POLL_S = 0.005  # how often a waiting reader looks for a copy another process is writing
 
@@ -86,7 +87,7 @@ class ObjectCache:
         data = self._read_copy(url)
         if data is None:
             return self.fetch(url, miss=True)
-        storage.count("cache_hits")
+        count("cache_hits")
         return data
 
     def reader_gets(self) -> np.ndarray:
@@ -129,7 +130,7 @@ class ObjectCache:
             data = self._found(url, reserved)  # published while we looked
             if data is not None:
                 return data
-            storage.check_store_up(url, "a copy another process fetches")  # it retries; we give up with it
+            check_store_up(url, "a copy another process fetches")  # it retries; we give up with it
             time.sleep(POLL_S)
 
     def _found(self, url: str, reserved: bool) -> bytes | None:
@@ -177,7 +178,7 @@ class ObjectCache:
         finally:
             os.close(fd)
         if miss:
-            storage.count("misses")
+            count("misses")
         return data
 
     def _publish(self, url: str, part: Path, fd: int, data: bytes) -> bool:
@@ -208,7 +209,7 @@ class ObjectCache:
         if reserved:
             self.release(len(data))
         if miss:
-            storage.count("misses")
+            count("misses")
         return data
 
     def writable(self) -> bool:

@@ -20,7 +20,8 @@ from cocodet.read_ahead.budget import (
 from cocodet.read_ahead.fetcher import ReadAhead
 from cocodet.read_ahead.object_cache import ObjectCache
 from cocodet.read_ahead.working_set import lead_samples, reach, working_set
-from cocodet.storage import store as storage
+from cocodet.storage.store import listing
+from cocodet.storage.urls import is_remote, join
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +54,15 @@ def start_read_ahead(
     the samples the run consumes from its start (None: unknown)."""
     folder = read_ahead_folder(remote, cache_dir)
     cache_bytes, concurrency = remote.get("cache_bytes", "auto"), int(remote.get("concurrency") or 16)
-    if not storage.is_remote(root) or not folder or not cache_bytes or dataset.pixel_cache is not None:
+    if not is_remote(root) or not folder or not cache_bytes or dataset.pixel_cache is not None:
         return None
-    listed = storage.listing(storage.join(root, images))
+    listed = listing(join(root, images))
     paths = [str(p) for p in dataset.index.paths]
     objects = {p: listed[p] for p in paths if p in listed}  # the split's own: val copies never enter it
     sizes = np.array([objects.get(p, {}).get("size", 0) for p in paths], dtype=np.int64)
     plans = [epoch_reads(sampler, dataset, e) for e in (epoch, epoch + 1)]  # a pass over two epochs' keys: once
     working = working_set(plans, sizes, reach(lead_samples))
-    mine, claim = split_folder(folder, local_rank, storage.join(root, images))
+    mine, claim = split_folder(folder, local_rank, join(root, images))
     budget = read_ahead_budget(folder, cache_bytes, local_ranks, objects, concurrency, working[1], own=mine)
     cache = ObjectCache(mine, objects, budget["rank_budget_bytes"])
     cache.folder_claim = claim  # held (open) for the run: the folder is this run's

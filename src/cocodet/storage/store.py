@@ -2,8 +2,8 @@
 
 Every read of image or annotation bytes in cocodet goes through :func:`read_bytes` (and
 ``tests/test_storage_chokepoint.py`` reads ``src/`` to keep it so); how a remote call is made,
-bounded, retried and counted is ``storage/session.py``'s, and this module re-exports what its
-readers call of it, so that a reader imports one module.
+bounded, retried and counted is ``storage/session.py``'s (readers configure and count there),
+the store's errors are ``storage/errors.py``'s and telling URLs apart is ``storage/urls.py``'s.
 
 Credentials never pass through here: they come from the environment or the standard AWS chain
 (``cli.refuse_credentials`` refuses them as overrides), and every message is scrubbed of the
@@ -14,20 +14,8 @@ from __future__ import annotations
 
 import os
 
-from cocodet.storage.errors import (  # noqa: F401  (re-exported: the errors readers of this module catch)
-    TRANSIENT,
-    StoreAccessError,
-    StoreDown,
-    StoreError,
-    StoreTimeout,
-    StoreTransient,
-    StoreUnreachable,
-    bucket_of,
-    classified,
-    redact,
-)
-from cocodet.storage.session import call, check_store_up, configure, count, counts, down_for, settings  # noqa: F401  (re-exported: what readers configure and count)
-from cocodet.storage.urls import is_remote, join  # noqa: F401  (re-exported: every reader tells URLs apart)
+from cocodet.storage.session import call, count, settings
+from cocodet.storage.urls import is_remote
 
 
 def read_bytes(path: str | os.PathLike, via=None, limit: int | None = None) -> bytes:
@@ -37,7 +25,7 @@ def read_bytes(path: str | os.PathLike, via=None, limit: int | None = None) -> b
     first ``limit`` bytes (a header; one ranged GET for an object).
 
     Raises FileNotFoundError / OSError for a missing or unreadable file or object (a bad
-    sample to the caller), :class:`StoreError` for a store that cannot serve the run."""
+    sample to the caller), :class:`~cocodet.storage.errors.StoreError` for a store that cannot serve the run."""
     if not is_remote(path):
         with open(path, "rb") as f:
             return f.read(-1 if limit is None else limit)

@@ -12,7 +12,8 @@ import logging
 import time
 from pathlib import Path
 
-from cocodet.tracking.guard import GuardedClient, redact
+from cocodet.credentials import redact
+from cocodet.tracking.guard import GuardedClient
 from cocodet.tracking.run_record import MLFLOW_STATUS, PARAM_BATCH
 
 log = logging.getLogger(__name__)

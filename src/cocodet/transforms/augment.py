@@ -20,7 +20,7 @@ from cocodet import schema
 from cocodet.images.resize import letterbox_resize
 from cocodet.transforms.colour import jitter_hsv, jitter_matrix
 from cocodet.transforms.partner_source import partner_source
-from cocodet.transforms.recipe import PAD_VALUE, Letterbox, Raw, Recipe, Sample, canvas, hflip, letterbox  # noqa: F401  (the recipes' shared parts; Letterbox: augment=none)
+from cocodet.transforms.recipe import Raw, Recipe, Sample, canvas, hflip, letterbox
 
 
 def _visible_span(

@@ -4,7 +4,7 @@ one answer, for the recipe (``transforms/augment.py:Mosaic``) and the plan's rec
 
 from __future__ import annotations
 
-from cocodet import schema
+from cocodet.errors import ConfigError
 
 
 def partner_source(partners: str | None, partner_window: int | None, partner_pool: int | None) -> str:
@@ -17,12 +17,12 @@ def partner_source(partners: str | None, partner_window: int | None, partner_poo
     if partners is None:
         return "dataset"
     if partners == "pool":
-        raise schema.ConfigError("augment.partners=pool needs augment.partner_pool (the pool's size, e.g. 8)")
+        raise ConfigError("augment.partners=pool needs augment.partner_pool (the pool's size, e.g. 8)")
     if partners == "dataset" and partner_pool is not None:
-        raise schema.ConfigError(
+        raise ConfigError(
             f"augment.partners=dataset and augment.partner_pool={partner_pool} contradict each "
             "other: set augment.partner_pool=null, or augment.partners=pool"
         )
     if partners == "window" and partner_window is None:
-        raise schema.ConfigError("augment.partners=window needs augment.partner_window (positions, e.g. 48)")
+        raise ConfigError("augment.partners=window needs augment.partner_window (positions, e.g. 48)")
     return partners
