@@ -125,6 +125,8 @@ LONGEST_FILES = {  # the larger of a file's seconds in the two suites
     "test_resume.py": 132,
     "test_long_run.py": 125,
     "test_mlflow_blink.py": 116,
+    "test_mlflow_close.py": 105,
+    "test_search.py": 100,
     "test_readme.py": 122,
     "test_mlflow_runs.py": 107,
     "test_loader_faults.py": 101,

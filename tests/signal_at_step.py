@@ -392,3 +392,14 @@ class SigtermRecord(L.Callback):
         self._hold("end", batch_idx)
         self.ended = True
         self._write(end=batch_idx)
+
+
+class RisingValMap(L.Callback):
+    """``val/map`` as the checkpoint callbacks read it rises by 0.01 each epoch (they run after
+    every other callback): each validation saves a new best, as a model that learns does."""
+
+    def on_validation_end(self, trainer, pl_module):
+        import torch
+
+        if not trainer.sanity_checking:
+            trainer.callback_metrics["val/map"] = torch.tensor(0.01 * (trainer.current_epoch + 1))

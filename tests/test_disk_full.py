@@ -43,15 +43,34 @@ print("LOADED", ckpt["global_step"])
 """
 
 
+# Which save fills the disk: epoch 1's last.ckpt (the checkpoint folder is a 300 MiB tmpfs for
+# last.ckpt alone), or epoch 1's new best (the whole folder is a 600 MiB tmpfs, which holds epoch 0's
+# best-000.ckpt and last.ckpt, about 220 MiB each; val/map made to rise, as a learning model's does).
+FILLED_BY = {
+    "last": ("300m", ["callbacks.last_checkpoint.dirpath={folder}"]),
+    "best": (
+        "600m",
+        [
+            "callbacks.last_checkpoint.dirpath={folder}",
+            "callbacks.model_checkpoint.dirpath={folder}",
+            "+callbacks.rising._target_=signal_at_step.RisingValMap",
+        ],
+    ),
+}
+
+
 @needs_root
 @pytest.mark.slow
-def test_checkpoint_save_on_full_disk_keeps_last_and_prints_summary(tmp_path, synthetic_root):
-    """The checkpoint folder is a 300 MiB tmpfs: epoch 0's last.ckpt (about 230 MiB: weights
-    and AdamW state) fits, epoch 1's cannot be written beside it."""
+@pytest.mark.parametrize("filled_by", sorted(FILLED_BY))
+def test_checkpoint_save_on_full_disk_keeps_last_and_prints_summary(tmp_path, synthetic_root, filled_by):
+    """A checkpoint of epoch 1 does not fit (weights and AdamW state: about 220 MiB): the run ends
+    disk_full, epoch 0's checkpoints stay whole, and the summary names the best one on disk."""
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (tmp_path / "check.py").write_text(CHECK_LAST)
+    size, placed = FILLED_BY[filled_by]
     train = [
+        f"PYTHONPATH={REPO / 'tests'}",
         sys.executable,
         "train.py",
         *synthetic_overrides(synthetic_root),
@@ -61,24 +80,30 @@ def test_checkpoint_save_on_full_disk_keeps_last_and_prints_summary(tmp_path, sy
         "trainer.limit_train_batches=1",
         "trainer.limit_val_batches=1",
         "trainer.enable_progress_bar=false",
-        f"callbacks.last_checkpoint.dirpath={folder}",
+        *[p.format(folder=folder) for p in placed],
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     script = (
         f"{' '.join(train)} > {tmp_path / 'out'} 2> {tmp_path / 'err'}; echo RC=$?; "
         f"ls -a {folder}; {sys.executable} {tmp_path / 'check.py'} {folder / 'last.ckpt'}"
     )
-    proc = in_tmpfs(str(folder), "300m", script)
+    proc = in_tmpfs(str(folder), size, script)
     stdout, stderr = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
     assert "RC=2" in proc.stdout, stderr[-3000:]
     last_line = stderr.strip().splitlines()[-1]
-    assert last_line.startswith("error: no space left on device saving checkpoint last.ckpt in " + str(folder))
-    assert "MiB free of 300.0 MiB" in last_line and "the previous last.ckpt is intact" in last_line
+    full = "last.ckpt" if filled_by == "last" else "best-001.ckpt"
+    assert last_line.startswith(f"error: no space left on device saving checkpoint {full} in {folder}"), last_line
+    assert f"MiB free of {size[:-1]}.0 MiB" in last_line
+    assert "the previous last.ckpt is intact" in last_line or filled_by == "best"
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["status"] == "disk_full" and summary["steps"] == 2 and "no space left" in summary["error"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "disk_full"
+    # Epoch 0's best checkpoint is whole on disk: the summary names it, whichever save failed after it.
+    best = (folder if filled_by == "best" else tmp_path / "run" / "checkpoints") / "best-000.ckpt"
+    assert summary["best_ckpt"] == str(best), (summary["best_ckpt"], stderr[-2000:])
+    assert "best-000.ckpt" in proc.stdout.split() or filled_by == "last"  # listed in the tmpfs before it ended
     assert "LOADED 1" in proc.stdout, proc.stdout + proc.stderr  # epoch 0's checkpoint, whole
-    assert ".last.ckpt.tmp" not in proc.stdout  # the partial file was removed
+    assert f".{full}.tmp" not in proc.stdout  # the partial file was removed
 
 
 PATCHED_RUN = """

@@ -48,7 +48,7 @@ def tracked(server, tmp_path):
 
 
 def close(run, status: str = "completed", within_s: float = 5) -> None:
-    with run.guard.closing(within_s):
+    with run.guard.closing(within_s, "logger.mlflow.close_within_s"):
         run.set_tags({"cocodet.status": status})
         run.log_text("{}\n", "summary.json")
         run.end(status)
@@ -64,7 +64,7 @@ def test_a_run_whose_server_never_came_back_is_replayed_once(server, tmp_path):
     log = tmp_path / "grid.png"
     log.write_bytes(b"not really a png")
     close(run, "completed", within_s=2)
-    with run.guard.closing(2, uploads=True):
+    with run.guard.closing(2, "logger.mlflow.artifacts_within_s", uploads=True):
         run.log_file(log)
     run.guard.finish()
     records = [json.loads(line) for line in guard.unsent_path.read_text().splitlines()]

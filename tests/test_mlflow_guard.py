@@ -62,7 +62,7 @@ def test_the_closing_calls_end_within_their_budget_when_the_server_stops_answeri
         run = TrackedRun(guard, "cocodet")
         run.run_id = "0" * 32
         started = time.monotonic()
-        with guard.closing(2):
+        with guard.closing(2, "logger.mlflow.close_within_s"):
             run.set_tags({"cocodet.status": "preempted"})
             run.log_text("plan", "loader_plan.txt")
             run.end("preempted")
@@ -238,7 +238,7 @@ def test_an_outage_ends_in_one_line_when_the_retry_and_the_close_both_empty_the_
         guard._client.down = False
         guard._sending.acquire()  # the retry is sending the queue when the run's close begins
         guard._sending.waited.clear()
-        with guard.closing(30):
+        with guard.closing(30, "logger.mlflow.close_end_within_s"):
             closer = threading.Thread(target=guard._flush)  # what closing() does at its end
             closer.start()
             assert guard._sending.waited.wait(10)  # the close waits for the retry's send

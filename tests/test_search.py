@@ -50,6 +50,7 @@ def study_trials(storage: str, name: str = "loader_throughput") -> list:
     return optuna.load_study(study_name=name, storage=storage).get_trials()
 
 
+@pytest.mark.slow
 def test_a_loader_search_finds_its_trials_figures_and_records_a_refused_setting(coco_tiny, tmp_path):
     """Six trials on real images, one setting validation refuses among the choices: each trial
     that completed was told its own summary's examples_per_s, the refused one failed with the
@@ -88,6 +89,7 @@ def test_a_loader_search_finds_its_trials_figures_and_records_a_refused_setting(
     assert (sweep_dir / "history.png").stat().st_size > 0 and (sweep_dir / "importance.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_killed_launcher_continues_without_running_a_finished_trial_again(synthetic_root, tmp_path):
     """SIGKILL of the launching process during trial 4 of 6, then the same command again: the
     study ends with 6 finished trials; trials 0-2 ran once; the killed trial's parameters were
@@ -112,6 +114,7 @@ def test_a_killed_launcher_continues_without_running_a_finished_trial_again(synt
     assert written == {n: (sweep_dir / str(n) / "summary.json").stat().st_mtime_ns for n in range(3)}
 
 
+@pytest.mark.slow
 def test_two_launchers_on_one_journal_share_the_study(synthetic_root, tmp_path):
     """Two launchers started together on one journal file finish the study's 6 trials between
     them: 6 trials in all, each launched once, by one of the two."""
@@ -170,6 +173,7 @@ def test_every_mode_hands_its_figure_back(synthetic_root):
         figure({"examples_per_s": 1.0, "note": "x"}, "bench", "map50")
 
 
+@pytest.mark.slow
 def test_a_recipe_search_scores_trials_by_map50_as_child_runs_of_one_parent(synthetic_root, tmp_path):
     """hparams_search=recipe, 2 trials of a short training run under logger=mlflow with a real
     server: each trial's value is its summary's map50, each is a child run of the sweep's parent,
@@ -210,6 +214,7 @@ def test_a_recipe_search_scores_trials_by_map50_as_child_runs_of_one_parent(synt
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_grid_sweep_runs_every_job_past_a_refused_one_then_says_why(synthetic_root, tmp_path):
     """A grid sweep (Hydra's basic sweeper) whose first job's setting is refused: the second job
     still runs, and the sweep ends with the refusal's one line, exit 2."""

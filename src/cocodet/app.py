@@ -8,6 +8,7 @@ concern), imported when the mode runs, and take the spec.
 from __future__ import annotations
 
 import importlib
+import sys
 
 from omegaconf import DictConfig
 
@@ -18,6 +19,7 @@ from cocodet.modes.wiring import build_plan
 from cocodet.run_spec.read import read_spec
 from cocodet.storage.session import configure as configure_store
 from cocodet.summary_file import write_summary
+from cocodet.tracking.unsent import unsent_line
 
 
 def run(cfg: DictConfig) -> dict:
@@ -32,8 +34,18 @@ def run(cfg: DictConfig) -> dict:
         summary = getattr(importlib.import_module(module), function)(spec, plan, resources)
     except RunStopped as e:  # a full disk, a diverged run: the summary as far as it got, then one error line (cli)
         if e.summary is not None and spec.ranks.global_rank == 0:
-            write_summary(spec.run_dir, e.summary)
+            _end_lines(spec.run_dir, e.summary)
         raise
     if spec.ranks.global_rank == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
-        write_summary(spec.run_dir, summary)
+        _end_lines(spec.run_dir, summary)
     return summary
+
+
+def _end_lines(run_dir, summary: dict) -> None:
+    """The summary (summary.json and stdout's last line), then, when MLflow calls were left
+    unsent, the stderr line that says so and how to send them (the last, but for cli's error line)."""
+    write_summary(run_dir, summary)
+    line = unsent_line(summary.get("mlflow"), run_dir)
+    if line:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

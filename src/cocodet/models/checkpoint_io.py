@@ -31,12 +31,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Also the record of what this run's checkpoints hold: ``written`` (the newest file
     written, and its step) and ``refused`` (the newest state refused since, with its
     non-finite tensors), which the end of fit reads to tell a usable run from one that only
-    completed (``modes/train.py``)."""
+    completed (``modes/train.py``); ``whole``: every file this run wrote whole and has not
+    removed, oldest first (a best checkpoint whose successor was refused or did not fit is
+    still one of them, though its callback no longer names it)."""
 
     def __init__(self):
         super().__init__()
         self.written: tuple[str, int] | None = None
         self.refused: dict | None = None
+        self.whole: list[str] = []
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         # Every checkpoint passes here (epoch ends, best, every_n_steps, SIGTERM): a state with a
@@ -54,6 +57,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         self._write(checkpoint, path, storage_options)
         self.written, self.refused = (str(path), int(checkpoint.get("global_step") or 0)), None
+        self.whole = [p for p in self.whole if p != str(path)] + [str(path)]
 
     def remove_checkpoint(self, path) -> None:
         # A ModelCheckpoint removes the file its new save replaced; when that save was refused
@@ -62,6 +66,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             log.warning("keeping checkpoint %s: the state that was to replace it was not finite", path)
             return
         super().remove_checkpoint(path)
+        self.whole = [p for p in self.whole if p != str(path)]
 
     def _write(self, checkpoint: dict, path, storage_options=None) -> None:
         if "://" in str(path):  # object stores have their own atomic puts

@@ -47,7 +47,7 @@ def train_summary(
         "steps": int(trainer.global_step),
         "wall_s": round(time.perf_counter() - started, 1),
         "last_ckpt": _last_checkpoint(last_checkpoint, preemption),
-        "best_ckpt": _existing(best_checkpoint.best_model_path) if best_checkpoint else None,
+        "best_ckpt": best_on_disk(trainer, best_checkpoint, last_checkpoint, preemption),
         "loader_wait": timing.summary() if timing else {},
         "bad_samples": datamodule.bad_sample_summary(),
         "stream_digest": datamodule.stream.digest,
@@ -71,6 +71,24 @@ def remote_record(datamodule) -> dict:
     """``{"remote": ...}``: what a remote root's store served (none for a local root)."""
     remote = datamodule.remote_summary() if hasattr(datamodule, "remote_summary") else None
     return {"remote": remote} if remote is not None else {}
+
+
+def best_on_disk(trainer, best: ModelCheckpoint | None, last: ModelCheckpoint | None, preemption) -> str | None:
+    """The best checkpoint a summary may name: the one its callback names, if whole on disk;
+    else (its successor refused as not finite, or its save out of disk: the callback already
+    names the new file, and let go of the old one) the newest file this run wrote whole into
+    that callback's folder, other than the last and resume checkpoints."""
+    if best is None:
+        return None
+    if _existing(best.best_model_path):
+        return best.best_model_path
+    io = getattr(trainer.strategy, "checkpoint_io", None)
+    others = {str(preemption.dirpath / preemption.FILENAME)} if preemption is not None else set()
+    if last is not None and last.dirpath:
+        others.add(str(Path(last.dirpath) / f"{last.filename}{last.FILE_EXTENSION}"))
+    folder = Path(best.dirpath) if best.dirpath else None
+    kept = [p for p in getattr(io, "whole", []) if Path(p).parent == folder and p not in others and _existing(p)]
+    return kept[-1] if kept else None
 
 
 def _existing(path: str | None) -> str | None:

@@ -32,7 +32,8 @@ def track_bench(cfg: DictConfig, plan, summary: dict, run_dir: Path) -> dict:
         start_tags(cfg, plan, Path(checkout_dir())),
         parent_id=sweep_parent_id(),
     )
-    with run.guard.closing(float(options.close_within_s)):
+    # A bench ends on its own, never by a SIGTERM's grace: its calls may wait for a server restart
+    with run.guard.closing(float(options.close_end_within_s), "logger.mlflow.close_end_within_s"):
         run.log_metrics(summary_metrics(summary), step=0)
         run.set_tags(end_tags({"status": "completed", **summary}))
         run.log_text(plan.table() + "\n", "loader_plan.txt")

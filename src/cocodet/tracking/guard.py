@@ -7,7 +7,8 @@ then on the training thread never waits on the server. Calls that write to a kno
 tags, texts, artifacts, the status) are queued in order and sent again by a background thread,
 with a back-off from 2 s to 30 s; when the queue is empty the server is used directly again (one
 line says it is back: ``tracking/retry_queue.py``). The run's last calls retry within
-``close_within_s``, artifact uploads within their own bound. Every call not sent by then, and
+``close_end_within_s`` (long enough for a server restart), or ``close_within_s`` after a SIGTERM
+(a preemption's grace period), artifact uploads within their own bound. Every call not sent by then, and
 every call that could not be queued (a run never created, a read), is in
 ``<run>/mlflow_unsent.jsonl``, one JSON object per call, which
 ``python -m cocodet.tracking replay RUN_DIR`` sends later (``tracking/replay.py``).
@@ -56,6 +57,7 @@ class GuardedClient(RetryQueue):
         self._deadline: float | None = None
         self._uploads_within: float | None = None
         self._budget, self._timeout = 0.0, 120
+        self._budget_key = ""  # the config key of the closing budget, for the line that says it ran out
         self._pending: deque = deque()  # (seq, method, args, kwargs) queued for the retry, in call order
         self._lock = threading.Lock()  # the outage state and the queue
         self._sending = threading.Lock()  # one sender of the queue at a time (the retry or the close)
@@ -109,9 +111,7 @@ class GuardedClient(RetryQueue):
             if self.failure is not None or self._pending:  # never wait on a server that failed; keep the order
                 return self._hold(method, args, kwargs, keep)
         if self._deadline is not None and time.monotonic() > self._deadline:
-            self._outage(
-                f"the closing calls ran out of their {self._budget:g} s (logger.mlflow.close_within_s)", method
-            )
+            self._outage(f"the closing calls ran out of their {self._budget:g} s ({self._budget_key})", method)
             with self._lock:
                 return self._hold(method, args, kwargs, keep)
         try:
@@ -151,18 +151,19 @@ class GuardedClient(RetryQueue):
         )
 
     @contextmanager
-    def closing(self, within_s: float, uploads: bool = False):
+    def closing(self, within_s: float, key: str, uploads: bool = False):
         """The run's last calls: they retry nothing on their own, and each request's timeout is
         cut to what is left of ``within_s`` (at least 1 s), so that together they end within
-        about ``within_s`` + 1 s, inside a preemption's grace period (``docker stop`` gives 10
-        s). At the end, calls still queued from an outage (and these) are sent again until the
-        budget is spent; what is left stays in the unsent file. ``uploads``: the phase of the
-        artifact uploads, each bounded as a whole by what is left, and not tried again when
-        the server is down (they are listed as unsent at once)."""
+        about ``within_s`` + 1 s: inside a preemption's grace period (``docker stop`` gives 10 s)
+        with ``close_within_s``, past a server restart with ``close_end_within_s``. At the end,
+        calls still queued from an outage (and these) are sent again until the budget is spent;
+        what is left stays in the unsent file. ``key``: the config key ``within_s`` comes from.
+        ``uploads``: the phase of the artifact uploads, each bounded as a whole by what is left,
+        and not tried again when the server is down (they are listed as unsent at once)."""
         names = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
         previous = {name: os.environ.get(name) for name in names}
         self._timeout = int(previous["MLFLOW_HTTP_REQUEST_TIMEOUT"] or 120)  # MLflow's default
-        self._deadline, self._budget = time.monotonic() + within_s, within_s
+        self._deadline, self._budget, self._budget_key = time.monotonic() + within_s, within_s, key
         self._uploads_within = within_s if uploads else None
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
         try:
@@ -179,6 +180,14 @@ class GuardedClient(RetryQueue):
 
     def _flush(self) -> None:
         """Send the queue again until the closing budget is spent (every half second)."""
+        if self._pending:
+            log.warning(
+                "MLflow: %d calls wait for %s; trying them again for up to %.0f s (%s)",
+                len(self._pending),
+                redact(self.tracking_uri),
+                max(0.0, self._deadline - time.monotonic()),
+                self._budget_key,
+            )
         while self._pending and time.monotonic() < self._deadline:
             if self._sending.acquire(timeout=max(0.0, self._deadline - time.monotonic())):
                 try:
@@ -195,6 +204,10 @@ class GuardedClient(RetryQueue):
         sent (removed when every one was sent late)."""
         self._stop.set()
         self._unsent.rewrite()
+
+    def holds(self, call: str) -> bool:
+        """Whether an MLflow ``call`` (a method's name) was left unsent so far."""
+        return self._unsent.holds(call)
 
     def summary(self) -> dict:
         return {

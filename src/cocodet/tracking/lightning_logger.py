@@ -30,8 +30,10 @@ class MlflowLogger(Logger):
     """Args (``logger.mlflow.*``): tracking_uri (a server, or ``sqlite:///<absolute path>``),
     experiment_name, run_name (None: the run folder's name), log_model (the best checkpoint as an
     artifact), run_dir (where mlflow_unsent.jsonl goes), request_timeout_s and
-    request_max_retries (each request's bound unless MLFLOW_HTTP_REQUEST_* are set), close_within_s
-    (the last calls' budget: tags, texts, the status), artifacts_within_s (the artifact uploads'
+    request_max_retries (each request's bound unless MLFLOW_HTTP_REQUEST_* are set),
+    close_end_within_s (the last calls' budget at a run's end: tags, texts, the status, and calls
+    held from an outage; long enough for a server restart), close_within_s (the same budget after
+    a SIGTERM, which must fit the grace period), artifacts_within_s (the artifact uploads'
     budget, after the status: a checkpoint is large)."""
 
     def __init__(
@@ -45,12 +47,13 @@ class MlflowLogger(Logger):
         request_max_retries: int = 1,
         close_within_s: float = 5.0,
         artifacts_within_s: float = 60.0,
+        close_end_within_s: float = 60.0,
     ):
         super().__init__()
         bound_requests(request_timeout_s, request_max_retries)
         self.run_dir = Path(run_dir)
         self.log_model, self.close_within_s = bool(log_model), float(close_within_s)
-        self.artifacts_within_s = float(artifacts_within_s)
+        self.artifacts_within_s, self.close_end_within_s = float(artifacts_within_s), float(close_end_within_s)
         self.run_name = run_name or self.run_dir.name
         guard = GuardedClient(tracking_uri, self.run_dir / UNSENT_NAME)
         self.tracked = TrackedRun(guard, experiment_name, artifact_root(tracking_uri))
@@ -97,11 +100,14 @@ class MlflowLogger(Logger):
     @rank_zero_only
     def close(self, summary: dict, artifacts: list[Path], plan_table: str) -> dict:
         """End the run with the summary's status: tags, texts and the status within
-        ``close_within_s`` (what a preemption's grace allows), then the artifact files within
-        ``artifacts_within_s``. Returns the ``mlflow`` block of the summary."""
+        ``close_end_within_s`` (``close_within_s`` after a SIGTERM: what a preemption's grace
+        allows), then the artifact files within ``artifacts_within_s``. Returns the ``mlflow``
+        block of the summary."""
         self._ensure_started()
         run = self.tracked
-        with run.guard.closing(self.close_within_s):
+        signalled = summary.get("status") in ("preempted", "interrupted")
+        key = "close_within_s" if signalled else "close_end_within_s"
+        with run.guard.closing(getattr(self, key), f"logger.mlflow.{key}"):
             run.set_tags(end_tags(summary))
             if plan_table:
                 run.log_text(plan_table + "\n", "loader_plan.txt")
@@ -109,7 +115,7 @@ class MlflowLogger(Logger):
             record = {**summary, "mlflow": run.summary()}
             run.log_text(redact(json.dumps(record, default=str)) + "\n", "summary.json")
             run.end(str(summary.get("status")))
-        with run.guard.closing(self.artifacts_within_s, uploads=True):
+        with run.guard.closing(self.artifacts_within_s, "logger.mlflow.artifacts_within_s", uploads=True):
             for path in artifacts:
                 run.log_file(path)
             if self.log_model and self.best_path and Path(self.best_path).is_file():

@@ -56,7 +56,7 @@ class MlflowSweep(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if self.parent is not None and self.parent.run_id:
             best = best_trial_tags(Path(str(config.hydra.sweep.dir)))
-            with self.parent.guard.closing(10.0):
+            with self.parent.guard.closing(10.0, "the sweep's parent run"):
                 if best:
                     self.parent.set_tags(best)
                 self.parent.end("completed")

@@ -24,6 +24,7 @@ class TrackedRun:
         self.guard, self.experiment_name, self.artifact_root = guard, experiment_name, artifact_root
         self.run_id: str | None = None
         self.resumed = False
+        self.end_called = False
         self.last_step: dict[str, int] = {}  # metric -> the last step sent (or held by the reopened run)
 
     def start(
@@ -146,6 +147,7 @@ class TrackedRun:
     def end(self, status: str) -> None:
         """End the run as the summary ``status`` says (an unknown one, an error: FAILED)."""
         mlflow_status = "KILLED" if status == "interrupted" else MLFLOW_STATUS.get(status, "FAILED")
+        self.end_called = True
         self.guard.call(
             "set_terminated", self.run_id, status=mlflow_status, keep={"run_id": self.run_id, "status": mlflow_status}
         )
@@ -156,5 +158,7 @@ class TrackedRun:
             "experiment": self.experiment_name,
             "tracking_uri": redact(self.guard.tracking_uri),
             "resumed": self.resumed,
+            # the run's status reached the server (sent in time or late); false: it reads RUNNING there
+            "ended": self.end_called and not self.guard.holds("set_terminated"),
             **self.guard.summary(),
         }

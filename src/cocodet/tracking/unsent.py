@@ -43,6 +43,10 @@ class UnsentCalls:
             log.debug("MLflow: %s not written (%s)", self.path, e)
         return seq
 
+    def holds(self, call: str) -> bool:
+        """Whether a ``call`` (an MLflow method's name) is among the calls not sent."""
+        return any(r["call"] == call and r["seq"] not in self._sent for r in self._records)
+
     def sent(self, seq: int) -> None:
         self._sent.add(seq)
 
@@ -60,3 +64,18 @@ class UnsentCalls:
                 self.path.unlink(missing_ok=True)
         except OSError as e:
             log.debug("MLflow: %s not rewritten (%s)", self.path, e)
+
+
+def unsent_line(block: dict | None, run_dir: Path) -> str | None:
+    """The last line a run whose calls were left unsent prints to stderr (None when none were):
+    how many, where they were to go, whether the run still reads RUNNING there, and the command
+    that sends them. ``block``: the summary's ``mlflow`` block."""
+    if not block or not block.get("unsent"):
+        return None
+    where = (
+        f"run {block.get('run_id')} is still RUNNING there" if not block.get("ended") else "its run ended without them"
+    )
+    return (
+        f"MLflow: {block['unsent']} calls were not sent to {block.get('tracking_uri')} (listed in "
+        f"{block.get('unsent_file')}); {where}; send them with: python -m cocodet.tracking replay {run_dir}"
+    )
