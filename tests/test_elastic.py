@@ -5,6 +5,7 @@ checkpoint.every_n_steps=auto. tests/test_ddp.py runs them together under two to
 from __future__ import annotations
 
 import csv
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -83,6 +84,24 @@ def test_an_attempt_after_one_that_never_ended_is_a_restart_and_counts_the_steps
     third.on_train_start(trainer(6), None)
     assert third.close("completed") == {"count": 3, "restarts": 1, "steps_redone": 2, "resumed_steps": [0, 5, 6]}
     assert [a["ended"] for a in read_attempts(tmp_path / "attempts.json")] == [None, "preempted", "completed"]
+
+
+def test_the_ledger_is_rewritten_at_checkpoints_and_the_step_record_at_every_step(tmp_path):
+    """steps_redone needs the step reached to the step (any step may be a kill's last), so that
+    record is written at every step, as one fixed-width pwrite; the JSON ledger only when an
+    attempt starts, at each checkpoint and at the end."""
+    ledger = AttemptLedger(tmp_path)
+    ledger.on_train_start(trainer(0), None)
+    for step in (1, 2, 3):
+        ledger.on_train_batch_end(trainer(step), None, None, None, step)
+    assert json.loads((tmp_path / "attempts.json").read_text())[-1]["reached_step"] == 0
+    assert (tmp_path / "attempts.step").read_text().split() == ["0", "3"]
+    assert read_attempts(tmp_path / "attempts.json")[-1]["reached_step"] == 3
+    ledger.on_save_checkpoint(trainer(3), None, {})
+    assert json.loads((tmp_path / "attempts.json").read_text())[-1]["reached_step"] == 3
+    for step in range(4, 12):
+        ledger.on_train_batch_end(trainer(step), None, None, None, step)
+    assert (tmp_path / "attempts.step").read_text().split() == ["0", "11"]  # the record replaced whole
 
 
 def test_only_rank_zero_keeps_the_ledger(tmp_path):

@@ -9,8 +9,12 @@ a user's second command. Its steps redone are the steps the one before had reach
 checkpoint this one resumed from (at most ``checkpoint.every_n_steps``). An attempt after one
 that ended (``preempted``, ``interrupted``, a stop) is a resume, not a restart.
 
-The ledger is written at every step (a few hundred bytes, atomically: a temporary file renamed
-into place), so a kill leaves the step reached.
+``steps_redone`` needs the step a killed attempt reached, to the step: any step may be the
+last. The ledger itself (a few hundred bytes, written atomically: a temporary file renamed into
+place) is written when an attempt starts, at each checkpoint and at the end; the step reached
+goes, at every step, into ``attempts.step`` beside it: one fixed-width record rewritten in place
+by a single ``pwrite`` on a file kept open (no rename, no JSON, no new file), which outlives a
+SIGKILL of the process as any written page does.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import lightning as L
 log = logging.getLogger(__name__)
 
 FILENAME = "attempts.json"
+STEP_FILENAME = "attempts.step"
+STEP_RECORD = "{attempt:>10} {step:>20}\n"  # fixed width: each pwrite replaces the whole record
 
 
 class AttemptLedger(L.Callback):
@@ -33,6 +39,7 @@ class AttemptLedger(L.Callback):
         self.path = Path(run_dir) / FILENAME
         self.attempts: list[dict] = []
         self.unwritten = False  # a write failed (warned once)
+        self._step_fd: int | None = None  # attempts.step, open for this attempt's records
 
     def on_train_start(self, trainer, pl_module):
         if not trainer.is_global_zero:
@@ -53,10 +60,19 @@ class AttemptLedger(L.Callback):
             }
         )
         self._write()
+        try:
+            self._step_fd = os.open(self.path.with_name(STEP_FILENAME), os.O_WRONLY | os.O_CREAT, 0o644)
+        except OSError:
+            self._step_fd = None  # the ledger's own write warns about the disk
+        self._write_step()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.attempts and trainer.is_global_zero and trainer.global_step > self.attempts[-1]["reached_step"]:
             self.attempts[-1]["reached_step"] = int(trainer.global_step)
+            self._write_step()
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if self.attempts and trainer.is_global_zero:
             self._write()
 
     def close(self, status: str) -> dict | None:
@@ -65,7 +81,20 @@ class AttemptLedger(L.Callback):
             return None
         self.attempts[-1]["ended"] = status
         self._write()
+        if self._step_fd is not None:
+            os.close(self._step_fd)
+            self._step_fd = None
         return summarize(self.attempts)
+
+    def _write_step(self) -> None:
+        if self._step_fd is None:
+            return
+        last = self.attempts[-1]
+        record = STEP_RECORD.format(attempt=last["attempt"], step=last["reached_step"]).encode()
+        try:
+            os.pwrite(self._step_fd, record, 0)
+        except OSError:
+            pass  # bookkeeping never stops a run; the ledger's own write warns once about the disk
 
     def _write(self) -> None:
         """Bookkeeping never stops a run: a full disk is the checkpoints' to report (``disk_full``)."""
@@ -82,12 +111,21 @@ class AttemptLedger(L.Callback):
 
 
 def read_attempts(path: Path) -> list[dict]:
-    """The ledger's attempts; none for a run without one (or with an unreadable one: a fresh count)."""
+    """The ledger's attempts, the last one's ``reached_step`` taken from ``attempts.step`` when
+    that record is newer; none for a run without a ledger (or with an unreadable one: a fresh count)."""
     try:
         attempts = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    return attempts if isinstance(attempts, list) and all(isinstance(a, dict) for a in attempts) else []
+    if not (isinstance(attempts, list) and all(isinstance(a, dict) for a in attempts)):
+        return []
+    try:
+        attempt, step = (int(v) for v in path.with_name(STEP_FILENAME).read_text().split())
+    except (OSError, ValueError):
+        return attempts
+    if attempts and attempts[-1].get("attempt") == attempt:
+        attempts[-1]["reached_step"] = max(int(attempts[-1].get("reached_step") or 0), step)
+    return attempts
 
 
 def summarize(attempts: list[dict]) -> dict:

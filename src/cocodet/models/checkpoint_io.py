@@ -40,6 +40,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.written: tuple[str, int] | None = None
         self.refused: dict | None = None
         self.whole: list[str] = []
+        self._read: tuple[str, dict] | None = None  # a checkpoint the run already read, for Lightning's restore
+
+    def hand_over(self, path, checkpoint: dict) -> None:
+        """``checkpoint`` was read from ``path`` already: Lightning's load of that path takes it
+        (once) instead of reading the file again."""
+        self._read = (str(path), checkpoint)
+
+    def load_checkpoint(self, path, *args, **kwargs) -> dict:
+        if self._read is not None and self._read[0] == str(path):
+            checkpoint, self._read = self._read[1], None
+            return checkpoint
+        self._read = None  # another file: the one handed over is never used
+        return super().load_checkpoint(path, *args, **kwargs)
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         # Every checkpoint passes here (epoch ends, best, every_n_steps, SIGTERM): a state with a

@@ -175,9 +175,10 @@ class DetectorModule(CocoValidation, L.LightningModule):
         GradScaler skips a step on its own when it finds inf gradients and lowers its scale:
         that skip is undone too, and counted apart (``amp_skipped_steps``)."""
         scaler = self._scaler()
-        scale_before = float(scaler.get_scale()) if scaler is not None else None
+        before = scale_tensor(scaler)  # a copy on the scale's device: no host sync
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if scaler is not None and not self.health.last_step_skipped and float(scaler.get_scale()) < scale_before:
+        # The scaler lowers its scale exactly when it skipped the step: one host read per step
+        if before is not None and not self.health.last_step_skipped and bool(scale_tensor(scaler) < before):
             self.health.amp_skip()
         if self.health.last_step_skipped:
             self._window_buffers.restore()
@@ -231,3 +232,12 @@ class DetectorModule(CocoValidation, L.LightningModule):
             "optimizer": built.optimizer,
             "lr_scheduler": {"scheduler": built.scheduler, "interval": self.scheduler_interval},
         }
+
+
+def scale_tensor(scaler) -> torch.Tensor | None:
+    """The fp16 GradScaler's scale as a tensor on its device, copied (None without a scaler).
+    Before its first ``scale()`` the scaler holds no tensor yet: its initial scale, on the CPU."""
+    if scaler is None:
+        return None
+    scale = getattr(scaler, "_scale", None)
+    return scale.detach().clone() if scale is not None else torch.tensor(float(scaler.get_scale()))

@@ -40,17 +40,20 @@ log = logging.getLogger(__name__)
 def train(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     # Under torchrun, rank 0 chooses and every rank of the attempt resumes that file (elastic/meeting.py)
     ckpt, weights_only = meet(spec.ranks, lambda: {"resume": resume_path(spec)})["resume"], spec.weights_only
-    # Refused in one line before Lightning loads it (as it will: with the same weights_only);
-    # only the MLflow run id and the step it carries are kept, not its tensors, while the model is built.
+    # Read once (refused in one line when untrusted or not a checkpoint): the MLflow run id and
+    # step here, the weight check below, and Lightning's restore, handed the same dict by the
+    # checkpoint writer (a checkpoint is 100-300 MB, maybe on a network volume).
     resumed = load_checkpoint(ckpt, weights_only) if ckpt else {}
     resumed_run_id, resumed_step = resumed.get(CHECKPOINT_KEY), int(resumed.get("global_step") or 0)
-    del resumed  # its tensors: Lightning loads the file again
     datamodule = build_datamodule(spec, plan)
     seed_model_init(spec.seed)
     module = build_module(spec, datamodule)
     if ckpt:  # another model's or dataset's weights: the one line mode=eval gives, before Lightning's traceback could
-        load_weights(module, ckpt, weights_only)
+        load_weights(module, ckpt, weights_only, checkpoint=resumed)
     trainer = build_trainer(spec)
+    if ckpt:
+        trainer.strategy.checkpoint_io.hand_over(ckpt, resumed)
+    del resumed  # the writer holds it until Lightning takes it
     if ckpt and spec.ranks.global_rank == 0:  # the CSV and TensorBoard records go on in their own folders
         continue_logs(trainer.loggers, resumed_step)
     prepare_tracking(trainer, spec.config, plan, resumed_run_id)
