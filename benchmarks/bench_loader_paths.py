@@ -41,8 +41,9 @@ def ours(args, cache: str, out: Path) -> dict:
         f"bench.warmup={args.warmup}",
         f"dataset.cache={cache}",
         # pools of 8, one decode per sample, as docs/benchmarks.md measured it (the default
-        # since issue 45 draws partners from the whole dataset, up to four decodes per sample)
+        # draws them from a window of the epoch order)
         "augment.partner_pool=8",
+        f"augment.colour={args.colour}",
         "bench.digest_batches=0",  # hashing 40 MB batches would take CPU from the workers
         f"dataset.cache_dir={out / 'cache'}",
         f"output_dir={out / cache}",
@@ -53,7 +54,7 @@ def ours(args, cache: str, out: Path) -> dict:
 
 def common(args) -> float:
     index = build_index(Path(args.root) / "train2017", Path(args.root) / "annotations" / "instances_train2017.json")
-    loader = common_way_loader(index, Mosaic(args.size), args.batch, args.workers)
+    loader = common_way_loader(index, Mosaic(args.size, colour=args.colour), args.batch, args.workers)
     m, epoch = Measurement(), 0
     while len(m.waits) < args.warmup + args.batches:
         loader.dataset.epoch = epoch
@@ -74,6 +75,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=640)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--colour", default="matrix", help="mosaic's colour jitter in every row (the default: matrix)")
     p.add_argument("--batches", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args()

@@ -77,11 +77,16 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("../shared/data/coco_tiny"))
     parser.add_argument("--size", type=int, default=640)
     parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument(
+        "--colour",
+        default="matrix",
+        help="cocodet's colour jitter (the default: matrix; hsv: the same operation as the other side's)",
+    )
     args = parser.parse_args()
     cv2.setNumThreads(0)  # one core, as in a DataLoader worker
     index = build_index(args.root / "train2017", args.root / "annotations" / "instances_train2017.json")
     raws = [load_raw(index, k) for k in range(len(index))]
-    focused, generic = Mosaic(args.size), albumentations_mosaic(args.size)
+    focused, generic = Mosaic(args.size, colour=args.colour), albumentations_mosaic(args.size)
     rows = {"focused (cocodet Mosaic)": ([], []), "albumentations Compose": ([], [])}
     for i in range(args.samples):
         rng = np.random.default_rng(i)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -141,3 +142,28 @@ def test_a_run_whose_server_stays_down_names_the_replay_that_ends_it(server, syn
     client = server.client()
     assert client.get_run(block["run_id"]).info.status == "FINISHED"
     assert steps_of(client, block["run_id"], "train/loss") == list(range(STEPS))
+
+
+def test_a_sigterm_while_the_end_waits_for_the_server_cuts_the_wait_to_the_grace_budget(
+    server, synthetic_root, tmp_path
+):
+    """The server is down for good and the run's end waits for it (60 s by default); a SIGTERM
+    then (docker stop) leaves close_within_s (5 s): the run still writes its summary and its
+    last line, well inside a 10 s grace, instead of dying without them."""
+    run_dir = tmp_path / "run"
+    proc = start_run(server, synthetic_root, run_dir)
+    killed_by_run(server, proc)
+    deadline = time.monotonic() + 120
+    while "set_terminated" not in held_calls(run_dir) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "set_terminated" in held_calls(run_dir), "the run did not end while its server was down"
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert time.monotonic() - signalled < 10, stderr[-2000:]
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["mlflow"]["unsent"] > 0
+    cut = "SIGTERM while the run's last calls wait; they get 5 s more (logger.mlflow.close_within_s)"
+    assert cut in stdout + stderr  # the log goes to stdout (Hydra's console) and train.log
+    assert stderr.strip().splitlines()[-1].startswith(f"MLflow: {summary['mlflow']['unsent']} calls were not sent")

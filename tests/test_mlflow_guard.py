@@ -249,3 +249,17 @@ def test_an_outage_ends_in_one_line_when_the_retry_and_the_close_both_empty_the_
     guard.finish()
     backs = [r.getMessage() for r in caplog.records if "answers again after" in r.getMessage()]
     assert guard.outages == 1 and guard.unsent == 0 and len(backs) == 1, backs
+
+
+def test_the_last_line_of_a_run_with_unsent_calls_says_what_the_run_reads_and_how_to_send_them(tmp_path):
+    from cocodet.tracking.unsent import unsent_line
+
+    folder = tmp_path / "run 1"  # a space: the command is quoted for a shell
+    block = {"unsent": 3, "tracking_uri": "http://127.0.0.1:5000", "unsent_file": str(folder / "mlflow_unsent.jsonl")}
+    assert unsent_line(None) is None and unsent_line({**block, "unsent": 0}) is None
+    running = unsent_line({**block, "run_id": "abc", "ended": False})
+    assert running.startswith("MLflow: 3 calls were not sent to http://127.0.0.1:5000 (listed in ")
+    assert "run abc is still RUNNING there" in running
+    assert running.endswith(f"send them with: python -m cocodet.tracking replay '{folder}'")
+    assert "run abc ended there without them" in unsent_line({**block, "run_id": "abc", "ended": True})
+    assert "the run was never created there (the replay creates it)" in unsent_line({**block, "run_id": None})

@@ -45,7 +45,7 @@ def _end_lines(run_dir, summary: dict) -> None:
     """The summary (summary.json and stdout's last line), then, when MLflow calls were left
     unsent, the stderr line that says so and how to send them (the last, but for cli's error line)."""
     write_summary(run_dir, summary)
-    line = unsent_line(summary.get("mlflow"), run_dir)
+    line = unsent_line(summary.get("mlflow"))
     if line:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

@@ -59,11 +59,12 @@ class AttemptLedger(L.Callback):
                 "ended": None,
             }
         )
-        self._write()
-        try:
-            self._step_fd = os.open(self.path.with_name(STEP_FILENAME), os.O_WRONLY | os.O_CREAT, 0o644)
+        self._close_step()  # on_train_start again (another fit in this process): a fresh record
+        try:  # truncated before the ledger names this attempt: no older record is ever read as its
+            self._step_fd = os.open(self.path.with_name(STEP_FILENAME), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError:
             self._step_fd = None  # the ledger's own write warns about the disk
+        self._write()
         self._write_step()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -81,10 +82,16 @@ class AttemptLedger(L.Callback):
             return None
         self.attempts[-1]["ended"] = status
         self._write()
+        self._close_step()
+        return summarize(self.attempts)
+
+    def teardown(self, trainer, pl_module, stage):
+        self._close_step()  # a fit that ended in an error never reaches close(): its fd too
+
+    def _close_step(self) -> None:
         if self._step_fd is not None:
             os.close(self._step_fd)
             self._step_fd = None
-        return summarize(self.attempts)
 
     def _write_step(self) -> None:
         if self._step_fd is None:

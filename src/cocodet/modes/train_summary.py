@@ -84,8 +84,10 @@ def best_on_disk(trainer, best: ModelCheckpoint | None, last: ModelCheckpoint | 
         return best.best_model_path
     io = getattr(trainer.strategy, "checkpoint_io", None)
     others = {str(preemption.dirpath / preemption.FILENAME)} if preemption is not None else set()
-    if last is not None and last.dirpath:
-        others.add(str(Path(last.dirpath) / f"{last.filename}{last.FILE_EXTENSION}"))
+    # the last-checkpoint callback's own files (its newest, and what save_last wrote), and the best one's save_last
+    others |= {p for c in (last, best) if c is not None for p in (c.last_model_path,) if p}
+    if last is not None:
+        others |= set(last.best_k_models) | ({last.best_model_path} if last.best_model_path else set())
     folder = Path(best.dirpath) if best.dirpath else None
     kept = [p for p in getattr(io, "whole", []) if Path(p).parent == folder and p not in others and _existing(p)]
     return kept[-1] if kept else None

@@ -178,6 +178,12 @@ class GuardedClient(RetryQueue):
                 else:
                     os.environ[name] = value
 
+    def cut_to(self, within_s: float, key: str) -> None:
+        """A SIGTERM during a long closing budget: what is left of it becomes ``within_s``."""
+        if self._deadline is not None and time.monotonic() + within_s < self._deadline:
+            self._deadline, self._budget, self._budget_key = time.monotonic() + within_s, within_s, key
+            log.warning("MLflow: SIGTERM while the run's last calls wait; they get %g s more (%s)", within_s, key)
+
     def _flush(self) -> None:
         """Send the queue again until the closing budget is spent (every half second)."""
         if self._pending:
@@ -203,6 +209,10 @@ class GuardedClient(RetryQueue):
         """The run is over: no more retries, and the unsent file holds exactly the calls not
         sent (removed when every one was sent late)."""
         self._stop.set()
+        # A send of the background retry still in flight ends before the file is rewritten, so
+        # the file, the count and the last line agree with what the server got.
+        if self._sending.acquire(timeout=float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT") or 5) + 1):
+            self._sending.release()
         self._unsent.rewrite()
 
     def holds(self, call: str) -> bool:

@@ -10,6 +10,9 @@ every exception "failed", a SIGTERM included.
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
@@ -107,21 +110,40 @@ class MlflowLogger(Logger):
         run = self.tracked
         signalled = summary.get("status") in ("preempted", "interrupted")
         key = "close_within_s" if signalled else "close_end_within_s"
-        with run.guard.closing(getattr(self, key), f"logger.mlflow.{key}"):
-            run.set_tags(end_tags(summary))
-            if plan_table:
-                run.log_text(plan_table + "\n", "loader_plan.txt")
-            # summary.json as the run folder gets it, with the count of calls not sent so far
-            record = {**summary, "mlflow": run.summary()}
-            run.log_text(redact(json.dumps(record, default=str)) + "\n", "summary.json")
-            run.end(str(summary.get("status")))
-        with run.guard.closing(self.artifacts_within_s, "logger.mlflow.artifacts_within_s", uploads=True):
-            for path in artifacts:
-                run.log_file(path)
-            if self.log_model and self.best_path and Path(self.best_path).is_file():
-                run.log_file(self.best_path, "checkpoints")
+        with self._sigterm_cuts_the_wait():  # around the waits, which run as each closing block ends
+            with run.guard.closing(getattr(self, key), f"logger.mlflow.{key}"):
+                run.set_tags(end_tags(summary))
+                if plan_table:
+                    run.log_text(plan_table + "\n", "loader_plan.txt")
+                # summary.json as the run folder gets it, with the count of calls not sent so far
+                # (without "ended": the status is sent after this record)
+                record = {**summary, "mlflow": {k: v for k, v in run.summary().items() if k != "ended"}}
+                run.log_text(redact(json.dumps(record, default=str)) + "\n", "summary.json")
+                run.end(str(summary.get("status")))
+            with run.guard.closing(self.artifacts_within_s, "logger.mlflow.artifacts_within_s", uploads=True):
+                for path in artifacts:
+                    run.log_file(path)
+                if self.log_model and self.best_path and Path(self.best_path).is_file():
+                    run.log_file(self.best_path, "checkpoints")
         run.guard.finish()
         return run.summary()
+
+    @contextmanager
+    def _sigterm_cuts_the_wait(self):
+        """While the closing calls wait for a server (up to ``close_end_within_s``), a SIGTERM
+        (``docker stop``'s grace) cuts what is left to ``close_within_s`` instead of killing
+        the process before its summary is written. Main thread only, where signals are handled."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        guard = self.tracked.guard
+        previous = signal.signal(
+            signal.SIGTERM, lambda *_: guard.cut_to(self.close_within_s, "logger.mlflow.close_within_s")
+        )
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def finalize(self, status: str) -> None:
         """Nothing: ``close`` ends the run, once the summary says how it ended."""

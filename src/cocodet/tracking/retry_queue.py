@@ -53,6 +53,8 @@ class RetryQueue:
             with self._lock:
                 if not self._pending:
                     return True
+                if self._stop.is_set() and threading.current_thread() is self._retry:
+                    return False  # the run has finished: what is left stays unsent, as the file says
                 seq, method, args, kwargs = self._pending[0]
             try:
                 self._send(method, args, kwargs)

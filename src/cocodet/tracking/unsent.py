@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -66,16 +67,21 @@ class UnsentCalls:
             log.debug("MLflow: %s not rewritten (%s)", self.path, e)
 
 
-def unsent_line(block: dict | None, run_dir: Path) -> str | None:
+def unsent_line(block: dict | None) -> str | None:
     """The last line a run whose calls were left unsent prints to stderr (None when none were):
-    how many, where they were to go, whether the run still reads RUNNING there, and the command
-    that sends them. ``block``: the summary's ``mlflow`` block."""
+    how many, where they were to go, what the run reads there, and the command that sends them
+    (``block``: the summary's ``mlflow`` block; the command names the unsent file's folder)."""
     if not block or not block.get("unsent"):
         return None
-    where = (
-        f"run {block.get('run_id')} is still RUNNING there" if not block.get("ended") else "its run ended without them"
-    )
+    if not block.get("run_id"):
+        where = "the run was never created there (the replay creates it)"
+    elif not block.get("ended"):
+        where = f"run {block['run_id']} is still RUNNING there"
+    else:
+        where = f"run {block['run_id']} ended there without them"
+    folder = Path(block["unsent_file"]).parent if block.get("unsent_file") else Path(".")
     return (
         f"MLflow: {block['unsent']} calls were not sent to {block.get('tracking_uri')} (listed in "
-        f"{block.get('unsent_file')}); {where}; send them with: python -m cocodet.tracking replay {run_dir}"
+        f"{block.get('unsent_file')}); {where}; send them with: python -m cocodet.tracking replay "
+        f"{shlex.quote(str(folder))}"
     )
