@@ -83,11 +83,12 @@ def best_on_disk(trainer, best: ModelCheckpoint | None, last: ModelCheckpoint | 
     if _existing(best.best_model_path):
         return best.best_model_path
     io = getattr(trainer.strategy, "checkpoint_io", None)
-    others = {str(preemption.dirpath / preemption.FILENAME)} if preemption is not None else set()
-    # the last-checkpoint callback's own files (its newest, and what save_last wrote), and the best one's save_last
-    others |= {p for c in (last, best) if c is not None for p in (c.last_model_path,) if p}
+    # never the last-checkpoint callback's files, a save_last file, or resume.ckpt
+    others = {c.last_model_path for c in (last, best) if c is not None}
     if last is not None:
-        others |= set(last.best_k_models) | ({last.best_model_path} if last.best_model_path else set())
+        others |= {*last.best_k_models, last.best_model_path}
+    if preemption is not None:
+        others.add(str(preemption.dirpath / preemption.FILENAME))
     folder = Path(best.dirpath) if best.dirpath else None
     kept = [p for p in getattr(io, "whole", []) if Path(p).parent == folder and p not in others and _existing(p)]
     return kept[-1] if kept else None
