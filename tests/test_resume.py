@@ -13,7 +13,6 @@ import torch
 from conftest import NARROW_MODEL, REPO, run_in_process, run_train
 
 from cocodet.loader.stream_position import ResumeError, StreamPosition
-from cocodet.models.preemption import newest_checkpoint
 
 STEPS_PER_EPOCH = 10  # coco_tiny: 80 train images, batch 8
 
@@ -126,7 +125,8 @@ def test_sigkill_loses_at_most_every_n_steps_and_repeats_nothing(coco_tiny, tmp_
         timeout=900,
     )
     assert proc.returncode == -9
-    saved = torch.load(newest_checkpoint(run_dir), map_location="cpu", weights_only=False)
+    newest = max((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    saved = torch.load(newest, map_location="cpu", weights_only=False)
     assert kill_step - 5 <= saved["global_step"] <= kill_step
     resumed = run_in_process(args(coco_tiny, "checkpoint.every_n_steps=5", "ckpt_path=last"), run_dir)
     assert resumed["steps"] == 3 * STEPS_PER_EPOCH
@@ -189,7 +189,7 @@ def fake_run(folder: Path, mtime: int, dataset_root: str | None, fpn: int = 256)
     """A run folder with a checkpoint of ``mtime`` and Hydra's saved config (none when ``dataset_root`` is None)."""
     (folder / "checkpoints").mkdir(parents=True)
     ckpt = folder / "checkpoints" / "last.ckpt"
-    ckpt.write_bytes(b"x")
+    torch.save({"global_step": mtime}, ckpt)  # its step tells which one was read
     os.utime(ckpt, (mtime, mtime))
     if dataset_root is not None:
         (folder / ".hydra").mkdir()
@@ -206,7 +206,6 @@ def fake_run(folder: Path, mtime: int, dataset_root: str | None, fpn: int = 256)
 def test_ckpt_path_last_takes_only_a_run_of_this_dataset_and_model(tmp_path, monkeypatch, capsys):
     """Issue: ckpt_path=last took the newest run under outputs/, of another dataset, and died in a
     25-frame size-mismatch traceback. It now passes over runs of another dataset or model and says so."""
-    from dataclasses import replace
 
     from cocodet.errors import UserError
     from cocodet.modes import last_run
@@ -218,7 +217,8 @@ def test_ckpt_path_last_takes_only_a_run_of_this_dataset_and_model(tmp_path, mon
     fake_run(tmp_path / "outputs" / "c", 1002, mine, fpn=64)  # another model width, newer
     fake_run(tmp_path / "outputs" / "d", 1003, None)  # no saved config: cannot tell, newest
     spec = spec_of("dataset=coco", f"dataset.root={mine}", "ckpt_path=last", run_dir=tmp_path / "new")
-    assert last_run.resume_path(spec) == str(Path("outputs") / "a" / "checkpoints" / "last.ckpt")
+    path, checkpoint = last_run.resume_checkpoint(spec)
+    assert path == str(Path("outputs") / "a" / "checkpoints" / "last.ckpt") and checkpoint["global_step"] == 1000
     line = capsys.readouterr().err.strip()
     assert line.startswith("ckpt_path=last: resuming run outputs/a from last.ckpt") and "passed over 3 newer" in line
     assert f"dataset.root '{tmp_path / 'other'}'" in line and "model.detector.fpn_channels 64" in line, line
@@ -227,9 +227,12 @@ def test_ckpt_path_last_takes_only_a_run_of_this_dataset_and_model(tmp_path, mon
     with pytest.raises(
         UserError, match="none of the 4 runs under outputs with a checkpoint was trained on this dataset"
     ):
-        last_run.resume_path(other)
+        last_run.resume_checkpoint(other)
     given = spec_of("dataset=coco", f"dataset.root={mine}", "ckpt_path=last", run_dir=tmp_path / "empty", given=True)
-    with pytest.raises(UserError, match="no checkpoint in .*empty, the hydra.run.dir you gave"):
-        last_run.resume_path(given)
+    with pytest.raises(UserError, match="no checkpoint in .*empty/checkpoints .checkpoint.dir."):
+        last_run.resume_checkpoint(given)
     here = fake_run(tmp_path / "requeued", 999, None)  # this run's own folder first, whatever its age
-    assert last_run.resume_path(replace(given, run_dir=tmp_path / "requeued")) == str(here)
+    requeued = spec_of(
+        "dataset=coco", f"dataset.root={mine}", "ckpt_path=last", run_dir=tmp_path / "requeued", given=True
+    )
+    assert last_run.resume_checkpoint(requeued)[0] == str(here)

@@ -12,20 +12,28 @@ import sys
 
 from omegaconf import DictConfig
 
+from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
+from cocodet.elastic.attempts import FILENAME as ATTEMPTS_FILE
 from cocodet.errors import RunStopped
 from cocodet.loader.plan.resources import raise_nofile_limit
+from cocodet.models import checkpoint_store
+from cocodet.models.checkpoint_store import CheckpointFolder
 from cocodet.modes import MODE_TABLE
 from cocodet.modes.wiring import build_plan
 from cocodet.run_spec.read import read_spec
 from cocodet.storage.session import configure as configure_store
 from cocodet.summary_file import write_summary
-from cocodet.tracking.unsent import unsent_line
+from cocodet.tracking.unsent import UNSENT_NAME, unsent_line
+
+RECORDS = ("summary.json", UNSENT_NAME, BAD_SAMPLES_FILE, ATTEMPTS_FILE)
 
 
 def run(cfg: DictConfig) -> dict:
     spec = read_spec(cfg)
     # How a URL dataset root (and predict.source) is opened, for every mode (storage/session.py)
     configure_store(spec.storage.options, rank=spec.ranks.global_rank, **spec.storage.remote)
+    # Where checkpoints are written and found, and its store's options (models/checkpoint_store.py)
+    checkpoint_store.configure(CheckpointFolder(spec.checkpoint.dir, spec.checkpoint.options))
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     raise_nofile_limit()
     plan, resources = build_plan(spec)
@@ -45,6 +53,8 @@ def _end_lines(run_dir, summary: dict) -> None:
     """The summary (summary.json and stdout's last line), then, when MLflow calls were left
     unsent, the stderr line that says so and how to send them (the last, but for cli's error line)."""
     write_summary(run_dir, summary)
+    for name in RECORDS:  # beside the checkpoints too, where those are kept off this machine
+        checkpoint_store.copy_record(run_dir / name)
     line = unsent_line(summary.get("mlflow"))
     if line:
         sys.stderr.write(line + "\n")

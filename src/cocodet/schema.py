@@ -156,6 +156,12 @@ RULES = (
     _choice("export.format", EXPORT_FORMATS),
     Rule("export.opset", _int(9), "an ONNX opset >= 9"),
     Rule(
+        "checkpoint.dir",
+        lambda v: isinstance(v, str) and bool(v),
+        "a folder path or a bucket folder (s3://bucket/prefix)",
+    ),
+    Rule("checkpoint.storage_options", lambda v: isinstance(v, dict), "a mapping of fsspec options", optional=True),
+    Rule(
         "checkpoint.every_n_steps",
         lambda v: v == "auto" or _int(0)(v),
         "auto (500 on several nodes or under torchrun restarts, else 0) or an integer >= 0 (0: checkpoints at epoch "

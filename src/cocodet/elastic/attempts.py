@@ -14,7 +14,10 @@ last. The ledger itself (a few hundred bytes, written atomically: a temporary fi
 place) is written when an attempt starts, at each checkpoint and at the end; the step reached
 goes, at every step, into ``attempts.step`` beside it: one fixed-width record rewritten in place
 by a single ``pwrite`` on a file kept open (no rename, no JSON, no new file), which outlives a
-SIGKILL of the process as any written page does.
+SIGKILL of the process as any written page does. Where the checkpoints are kept off this machine
+(a bucket: ``checkpoint.dir``), the ledger is copied beside them at each checkpoint, and a run
+resumed on a machine without the ledger starts from that copy (its killed attempt's step is then
+the one of its last checkpoint: the steps redone are counted from there).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import time
 from pathlib import Path
 
 import lightning as L
+
+from cocodet.models.checkpoint_store import copy_record, restore_record
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,8 @@ class AttemptLedger(L.Callback):
     def on_train_start(self, trainer, pl_module):
         if not trainer.is_global_zero:
             return
+        if not self.path.exists():  # a run resumed on another machine: the copy beside its checkpoints
+            restore_record(self.path)
         self.attempts = read_attempts(self.path)
         before = self.attempts[-1] if self.attempts else None
         restart = before is not None and before.get("ended") is None
@@ -75,6 +82,7 @@ class AttemptLedger(L.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         if self.attempts and trainer.is_global_zero:
             self._write()
+            copy_record(self.path)  # beside the checkpoints, when those are kept off this machine
 
     def close(self, status: str) -> dict | None:
         """Record how this attempt ended; the summary's ``attempts`` (rank 0; None elsewhere)."""

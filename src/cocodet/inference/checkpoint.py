@@ -11,11 +11,15 @@ def read_weights(ckpt_path: str | None, weights_only: bool) -> dict:
     """The checkpoint a mode that uses weights needs (one line and exit 2 when there is none,
     or when it is refused)."""
     if not ckpt_path:
-        raise CheckpointError(
-            "this mode needs a checkpoint: add ckpt_path=<run>/checkpoints/last.ckpt "
-            "(or ckpt_path=last for the newest run's)"
-        )
+        needs_checkpoint()
     return load_checkpoint(ckpt_path, weights_only)
+
+
+def needs_checkpoint() -> None:
+    raise CheckpointError(
+        "this mode needs a checkpoint: add ckpt_path=<run>/checkpoints/last.ckpt "
+        "(or ckpt_path=last for the newest run's)"
+    )
 
 
 def load_weights(

@@ -4,11 +4,13 @@ Checkpoints load with ``torch.load(weights_only=True)`` in every mode: tensors a
 containers only, so a file from a colleague or a model hub cannot run code. Everything cocodet
 writes loads that way (the datamodule and callback state are plain types). A file that asks
 for more is refused in one line that names the global it wanted and the explicit opt-in; a
-file that is not a checkpoint at all gets one line too.
+file that is not a checkpoint at all gets one line too. A checkpoint in a bucket is read in
+one GET and checked against the digest its upload recorded (``models/checkpoint_store.py``).
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 import re
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 import torch
 
 from cocodet.errors import UserError
+from cocodet.models import checkpoint_store
+from cocodet.storage.urls import is_remote
 
 
 class CheckpointError(UserError):
@@ -25,10 +29,16 @@ class CheckpointError(UserError):
 def load_checkpoint(path: str, weights_only: bool, option: str = "ckpt_path") -> dict:
     """The checkpoint at ``path`` as a dict, loaded on the CPU; CheckpointError (one line) otherwise.
     ``option``: the setting that named the file, for the messages."""
-    if not Path(path).is_file():
+    source = path
+    if is_remote(path):
+        try:
+            source = io.BytesIO(checkpoint_store.read(path))  # refused here if its digest differs
+        except FileNotFoundError:
+            raise CheckpointError(f"{option}={path}: there is no such object") from None
+    elif not Path(path).is_file():
         raise CheckpointError(f"{option}={path} is not a file")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only)
+        checkpoint = torch.load(source, map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as e:
         text = str(e)
         if weights_only and "Weights only load failed" in text:

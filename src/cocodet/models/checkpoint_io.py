@@ -5,7 +5,8 @@ file from the system's temp folder onto it), so a disk that fills mid-save can l
 ``last.ckpt`` truncated: the one file a resume needs. Here the checkpoint goes to a temporary
 file beside the target, is flushed to disk, and only then renamed over it (one atomic rename
 on the same filesystem). On ENOSPC the temporary file is removed and :class:`DiskFull` names the
-folder and its free space.
+folder and its free space. A bucket folder gets one whole object with its digest
+(``models/checkpoint_store.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from cocodet.errors import DiskFull
+from cocodet.models import checkpoint_store
+from cocodet.storage.errors import StoreDown
+from cocodet.storage.urls import is_remote
 from cocodet.units import mib
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -41,18 +45,23 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.refused: dict | None = None
         self.whole: list[str] = []
         self._read: tuple[str, dict] | None = None  # a checkpoint the run already read, for Lightning's restore
+        self.resumed_from: str | None = None  # the checkpoint this run resumed (whole: it was read)
 
     def hand_over(self, path, checkpoint: dict) -> None:
         """``checkpoint`` was read from ``path`` already: Lightning's load of that path takes it
         (once) instead of reading the file again."""
         self._read = (str(path), checkpoint)
+        self.resumed_from = str(path)
 
-    def load_checkpoint(self, path, *args, **kwargs) -> dict:
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         if self._read is not None and self._read[0] == str(path):
             checkpoint, self._read = self._read[1], None
             return checkpoint
         self._read = None  # another file: the one handed over is never used
-        return super().load_checkpoint(path, *args, **kwargs)
+        if is_remote(str(path)):  # Lightning's reader would open it with a filesystem of its own
+            data = checkpoint_store.read(str(path))
+            return torch.load(io.BytesIO(data), map_location=map_location, weights_only=bool(weights_only))
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         # Every checkpoint passes here (epoch ends, best, every_n_steps, SIGTERM): a state with a
@@ -68,7 +77,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             )
             self.refused = {"path": str(path), "step": checkpoint.get("global_step"), "tensors": bad}
             return
-        self._write(checkpoint, path, storage_options)
+        try:
+            self._write(checkpoint, path, storage_options)
+        except StoreDown as e:  # the checkpoint folder's store: the run ends naming what is whole
+            raise checkpoint_store.store_down(e, self.whole[-1] if self.whole else self.resumed_from) from None
         self.written, self.refused = (str(path), int(checkpoint.get("global_step") or 0)), None
         self.whole = [p for p in self.whole if p != str(path)] + [str(path)]
 
@@ -78,12 +90,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if self.refused is not None:
             log.warning("keeping checkpoint %s: the state that was to replace it was not finite", path)
             return
-        super().remove_checkpoint(path)
+        if is_remote(str(path)):
+            checkpoint_store.remove(str(path))
+        else:
+            super().remove_checkpoint(path)
         self.whole = [p for p in self.whole if p != str(path)]
 
     def _write(self, checkpoint: dict, path, storage_options=None) -> None:
-        if "://" in str(path):  # object stores have their own atomic puts
-            return super().save_checkpoint(checkpoint, path, storage_options)
+        if is_remote(str(path)):  # one whole object, its digest recorded by the same upload
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            return checkpoint_store.write(str(path), buffer.getbuffer())
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
@@ -113,8 +130,7 @@ def disk_full_message(target: Path) -> str:
     return (
         f"no space left on device saving checkpoint {target.name} in {target.parent} ({mib(usage.free)} free "
         f"of {mib(usage.total)}); {kept}. Free space there or point the checkpoint callbacks' dirpath "
-        "(callbacks.last_checkpoint.dirpath, callbacks.model_checkpoint.dirpath) at a larger disk, then resume "
-        "with ckpt_path=<that folder>/last.ckpt"
+        "(checkpoint.dir) at a larger disk or a bucket, then resume with ckpt_path=<that folder>/last.ckpt"
     )
 
 

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import lightning as L
 
+from cocodet.models.checkpoint_store import CheckpointStoreDown
 from cocodet.ranks import elastic_launch
 from cocodet.storage.errors import StoreDown
+from cocodet.storage.urls import is_remote, join
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class PreemptionCheckpoint(L.Callback):
     FILENAME = "resume.ckpt"
 
     def __init__(self, dirpath: str, every_n_steps: int | str = 0):
-        self.dirpath, self.setting = Path(dirpath), every_n_steps
+        self.dirpath, self.setting = str(dirpath), every_n_steps  # a folder or a bucket folder (checkpoint.dir)
         self.every_n_steps = 0 if every_n_steps == "auto" else int(every_n_steps)  # "auto": decided in setup
         self.saved_path: str | None = None
         self.preempted = False
@@ -54,8 +56,12 @@ class PreemptionCheckpoint(L.Callback):
             self.every_n_steps, why = auto_every_n_steps(trainer.num_nodes)
             log.info("checkpoint.every_n_steps=auto: %s", why)
 
+    @property
+    def path(self) -> str:
+        return join(self.dirpath, self.FILENAME)
+
     def _save(self, trainer: L.Trainer) -> None:
-        path = self.dirpath / self.FILENAME
+        path = self.path
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: optimizer, loops, stream position
         self.saved_path = str(path)
 
@@ -83,8 +89,7 @@ class PreemptionCheckpoint(L.Callback):
         self.interrupted = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
         log.warning(
-            "Ctrl-C: the run stops after this step, saving %s (Ctrl-C again stops at once, without it)",
-            self.dirpath / self.FILENAME,
+            "Ctrl-C: the run stops after this step, saving %s (Ctrl-C again stops at once, without it)", self.path
         )
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -117,7 +122,8 @@ class PreemptionCheckpoint(L.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if trainer.received_sigterm:  # during validation, or after this hook in the batch: the position is exact
             self._save_on_sigterm(trainer)
-        elif isinstance(exception, StoreDown) and not self.preempted:  # the stream stands after the last batch consumed
+        elif isinstance(exception, StoreDown) and not isinstance(exception, CheckpointStoreDown) and not self.preempted:
+            # the dataset's store is down (the checkpoint folder's answers): the stream stands after the last batch
             self.preempted = True
             self._save(trainer)
             log.warning(
@@ -160,13 +166,10 @@ def auto_every_n_steps(num_nodes: int) -> tuple[int, str]:
     return 0, "resume.ckpt on SIGTERM only (one node, no restarts); last.ckpt at every epoch end"
 
 
-def newest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint a run wrote in ``run_dir`` (its ``checkpoints/`` or a SLURM
-    ``hpc_ckpt_*``), or None. Looks nowhere else: ``ckpt_path=last_if_any``."""
-    if not run_dir.is_dir():
-        return None
-    found = list(run_dir.glob("checkpoints/*.ckpt")) + list(run_dir.glob("hpc_ckpt_*.ckpt"))
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+def checkpoints_in_run(run_dir: Path) -> list[Path]:
+    """The checkpoints a run wrote in its folder ``run_dir`` (its ``checkpoints/`` and SLURM's
+    ``hpc_ckpt_*``)."""
+    return [*run_dir.glob("checkpoints/*.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")]
 
 
 def run_of(checkpoint: Path) -> Path:
@@ -180,14 +183,16 @@ def checkpoints_under(outputs_root: Path) -> list[Path]:
     return [*outputs_root.glob("**/checkpoints/*.ckpt"), *outputs_root.glob("**/hpc_ckpt_*.ckpt")]
 
 
-def resume_line(checkpoint: Path, run_dir: Path) -> str:
+def resume_line(checkpoint: str, run_dir: Path) -> str:
     """The one stderr line ``ckpt_path=last`` prints before resuming: which run and file it took
     and, when Hydra made a new folder for this command, where the run writes now and how to
     continue in the original folder instead."""
-    source = run_of(checkpoint)
+    if is_remote(checkpoint):
+        return f"ckpt_path=last: resuming {checkpoint}; this run writes its logs to {run_dir}"
+    source = run_of(Path(checkpoint))
     if source.resolve() == run_dir.resolve():
         return f"ckpt_path=last: resuming {checkpoint} in this run's folder {run_dir}"
     return (
-        f"ckpt_path=last: resuming run {source} from {checkpoint.name}; this run writes to {run_dir}; "
+        f"ckpt_path=last: resuming run {source} from {Path(checkpoint).name}; this run writes to {run_dir}; "
         f"to continue in the original folder pass hydra.run.dir={source.resolve()}"
     )

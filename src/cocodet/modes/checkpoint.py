@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from cocodet.loader.plan.records import LoaderPlan
-from cocodet.modes.last_run import resume_path
+from cocodet.modes.last_run import resume_checkpoint
 from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
 from cocodet.run_spec.records import RunSpec
 
 
 def _with_weights(spec: RunSpec, plan: LoaderPlan):
     """(datamodule, module with the checkpoint's weights, checkpoint path)."""
-    from cocodet.inference.checkpoint import load_weights, read_weights
+    from cocodet.inference.checkpoint import load_weights, needs_checkpoint
 
-    ckpt = resume_path(spec)
-    checkpoint = read_weights(ckpt, spec.weights_only)  # refused before any dataset work
+    if not spec.ckpt_path:
+        needs_checkpoint()
+    ckpt, checkpoint = resume_checkpoint(spec)  # read, and refused, before any dataset work
     datamodule = build_datamodule(spec, plan)
     module = build_module(spec, datamodule)
     load_weights(module, ckpt, spec.weights_only, checkpoint)

@@ -1,15 +1,21 @@
 """``ckpt_path``: which checkpoint a run resumes (or a mode loads), and why (README "Resuming").
 
-- a file: that file;
+- a file, or an object (``s3://...``): that one; a bucket's checkpoint whose bytes differ from
+  the digest its upload recorded is refused;
 - none: a fresh start, except under torchrun, where it means ``last_if_any``: an attempt that
   torchrun restarts (``--max-restarts``), or a node's agent started again in place of a lost
   one, runs the command it was launched with and must resume the run, not start it again;
-- ``last_if_any``: the newest checkpoint of this run's folder if it has one, else none (start
-  fresh): what a rescheduled pod running its first command needs, and never another run's;
-- ``last``: this run's folder first (a requeued job's); with ``hydra.run.dir`` on the command
-  line, that folder only; else the newest run under ``outputs/`` whose dataset and model are this
-  run's, as its saved ``.hydra/config.yaml`` says; runs of another dataset or model are passed
-  over, and the line printed says which run was taken and how many were passed over, and why.
+- ``last_if_any``: the newest checkpoint in ``checkpoint.dir`` (by default the run folder's
+  ``checkpoints/``) if there is one, else none (start fresh): what a rescheduled pod running its
+  first command needs, and never another run's;
+- ``last``: ``checkpoint.dir`` first (a requeued job's); with ``hydra.run.dir`` on the command
+  line or a ``checkpoint.dir`` of its own, that folder only; else the newest run under
+  ``outputs/`` whose dataset and model are this run's, as its saved ``.hydra/config.yaml`` says;
+  runs of another dataset or model are passed over, and the line printed says which run was
+  taken and how many were passed over, and why.
+
+Both keywords take the newest checkpoint that reads whole, passing over (with a warning) one
+whose bytes differ from its recorded digest.
 
 Whatever is taken must still fit the model this run builds: the modes load it through
 ``inference/checkpoint.py:load_weights``, which refuses another shape in one line.
@@ -26,7 +32,10 @@ import yaml
 
 from cocodet.datasets.layouts import layout_keys
 from cocodet.errors import UserError
-from cocodet.models.preemption import checkpoints_under, newest_checkpoint, resume_line, run_of
+from cocodet.models import checkpoint_store
+from cocodet.models.checkpoint_file import load_checkpoint
+from cocodet.models.checkpoint_store import CheckpointDigestError
+from cocodet.models.preemption import checkpoints_in_run, checkpoints_under, resume_line, run_of
 from cocodet.run_spec.records import RunSpec
 
 log = logging.getLogger(__name__)
@@ -41,36 +50,65 @@ IDENTITY_DEFAULTS = {"layout": "coco"}
 INITIAL_WEIGHTS = {"pretrained", "pretrained_backbone", "weights_path", "weights_backbone_path"}
 
 
-def resume_path(spec: RunSpec) -> str | None:
-    """The checkpoint ``spec.ckpt_path`` names, as the module docstring says."""
+def resume_checkpoint(spec: RunSpec) -> tuple[str | None, dict]:
+    """(the checkpoint ``spec.ckpt_path`` names, as the module docstring says, and what it holds,
+    read once), or (None, {}) for a fresh start. ``last`` and ``last_if_any`` take the newest
+    checkpoint that reads whole: one whose bytes differ from its recorded digest is passed over
+    with a warning; a named one is refused (``models/checkpoint_store.py``)."""
     ckpt, run_dir = spec.ckpt_path, spec.run_dir
     if ckpt is None and spec.ranks.launcher == "torchelastic":  # a restarted attempt resumes as launched
         log.info(
-            "under torchrun, no ckpt_path means last_if_any: the run's folder %s is where a restarted attempt "
-            "finds its checkpoints",
-            run_dir,
+            "under torchrun, no ckpt_path means last_if_any: %s is where a restarted attempt finds its checkpoints",
+            spec.checkpoint.dir,
         )
         ckpt = "last_if_any"
+    if ckpt not in ("last", "last_if_any"):
+        return (ckpt, load_checkpoint(ckpt, spec.weights_only)) if ckpt else (None, {})
+    found, why = checkpoints_here(spec), ""
     if ckpt == "last_if_any":
-        path = newest_checkpoint(run_dir)
+        path, checkpoint = newest_whole(found, spec.weights_only)
         log.info(
-            "ckpt_path=last_if_any: %s", f"resuming {path}" if path else f"no checkpoint in {run_dir}, starting fresh"
+            "ckpt_path=last_if_any: %s",
+            f"resuming {path}" if path else f"no checkpoint in {spec.checkpoint.dir}, starting fresh",
         )
-        return str(path) if path else None
-    if ckpt != "last":
-        return ckpt
-    path, why = newest_checkpoint(run_dir), ""  # this run's own folder first (a requeued job's)
-    if path is None and spec.run_dir_given:
+        return path, checkpoint
+    if not found and (spec.run_dir_given or not spec.checkpoint.in_run_dir):
         raise UserError(
-            f"ckpt_path=last: no checkpoint in {run_dir}, the hydra.run.dir you gave (looked in "
-            f"{run_dir / 'checkpoints'} and for hpc_ckpt_*.ckpt); pass the folder of the run to "
-            "resume, ckpt_path=<file>, or ckpt_path=last_if_any to start fresh there"
+            f"ckpt_path=last: no checkpoint in {spec.checkpoint.dir} (checkpoint.dir) nor a hpc_ckpt_*.ckpt in "
+            f"{run_dir}; pass the folder of the run to resume (hydra.run.dir, or checkpoint.dir), ckpt_path=<file>, "
+            "or ckpt_path=last_if_any to start fresh there"
         )
+    if not found:
+        newest, why = newest_fitting(spec, OUTPUTS)
+        found = [str(p) for p in sorted(checkpoints_in_run(run_of(newest)), key=_mtime, reverse=True)]
+    path, checkpoint = newest_whole(found, spec.weights_only)
     if path is None:
-        path, why = newest_fitting(spec, OUTPUTS)
+        raise UserError(f"ckpt_path=last: none of the {len(found)} checkpoints found reads whole (warnings above)")
     if spec.ranks.global_rank == 0:  # one line per run, not per rank
         print(resume_line(path, run_dir) + why, file=sys.stderr, flush=True)
-    return str(path)
+    return path, checkpoint
+
+
+def checkpoints_here(spec: RunSpec) -> list[str]:
+    """This run's checkpoints, newest first: ``checkpoint.dir``'s and the run folder's SLURM
+    ``hpc_ckpt_*.ckpt``."""
+    found = [(p, checkpoint_store.modified(p)) for p in checkpoint_store.checkpoints_in(spec.checkpoint.dir)]
+    found += [(str(p), _mtime(p)) for p in spec.run_dir.glob("hpc_ckpt_*.ckpt")]
+    return [p for p, _ in sorted(found, key=lambda item: item[1], reverse=True)]
+
+
+def newest_whole(found: list[str], weights_only: bool) -> tuple[str | None, dict]:
+    """(the first of ``found`` whose bytes are the ones written, read), or (None, {})."""
+    for path in found:
+        try:
+            return path, load_checkpoint(path, weights_only)
+        except CheckpointDigestError as e:
+            log.warning("passed over: %s", e)
+    return None, {}
+
+
+def _mtime(path) -> float:
+    return Path(path).stat().st_mtime
 
 
 def newest_fitting(spec: RunSpec, outputs: Path) -> tuple[Path, str]:

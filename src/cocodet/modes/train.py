@@ -21,10 +21,11 @@ from cocodet.loader.failures.diagnose import explained_loader_failures
 from cocodet.loader.plan.records import LoaderPlan
 from cocodet.models.checkpoint_file import load_checkpoint
 from cocodet.models.checkpoint_io import nonfinite_tensors
+from cocodet.models.checkpoint_store import abort_left_uploads
 from cocodet.models.prediction_grid import PredictionGrid
 from cocodet.models.preemption import PreemptionCheckpoint
 from cocodet.models.zoo import seed_model_init
-from cocodet.modes.last_run import resume_path
+from cocodet.modes.last_run import resume_checkpoint
 from cocodet.modes.train_summary import train_summary
 from cocodet.modes.wiring import build_datamodule, build_module, build_trainer
 from cocodet.ranks import Ranks
@@ -38,12 +39,19 @@ log = logging.getLogger(__name__)
 
 
 def train(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
-    # Under torchrun, rank 0 chooses and every rank of the attempt resumes that file (elastic/meeting.py)
-    ckpt, weights_only = meet(spec.ranks, lambda: {"resume": resume_path(spec)})["resume"], spec.weights_only
-    # Read once (refused in one line when untrusted or not a checkpoint): the MLflow run id and
-    # step here, the weight check below, and Lightning's restore, handed the same dict by the
-    # checkpoint writer (a checkpoint is 100-300 MB, maybe on a network volume).
-    resumed = load_checkpoint(ckpt, weights_only) if ckpt else {}
+    weights_only, chosen = spec.weights_only, {}
+
+    def choose() -> dict:
+        abort_left_uploads()  # what a writer killed mid-upload left in a bucket folder
+        path, chosen["checkpoint"] = resume_checkpoint(spec)
+        return {"resume": path}
+
+    # Under torchrun, rank 0 chooses and every rank of the attempt resumes that file (elastic/meeting.py).
+    # Read once (refused in one line when untrusted, not a checkpoint, or not the bytes written):
+    # the MLflow run id and step here, the weight check below, and Lightning's restore, handed
+    # the same dict by the checkpoint writer (a checkpoint is 100-300 MB, maybe in a bucket).
+    ckpt = meet(spec.ranks, choose)["resume"]
+    resumed = chosen["checkpoint"] if "checkpoint" in chosen else load_checkpoint(ckpt, weights_only) if ckpt else {}
     resumed_run_id, resumed_step = resumed.get(CHECKPOINT_KEY), int(resumed.get("global_step") or 0)
     datamodule = build_datamodule(spec, plan)
     seed_model_init(spec.seed)

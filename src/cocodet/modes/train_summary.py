@@ -11,8 +11,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from cocodet.elastic.attempts import AttemptLedger
 from cocodet.loader.plan.records import LoaderPlan
+from cocodet.models import checkpoint_store
 from cocodet.models.evaluation import STAT_NAMES
 from cocodet.models.preemption import PreemptionCheckpoint
+from cocodet.storage.urls import is_remote
 from cocodet.timing.callback import LoaderTimingCallback
 
 
@@ -46,7 +48,7 @@ def train_summary(
         "epochs": int(trainer.current_epoch),
         "steps": int(trainer.global_step),
         "wall_s": round(time.perf_counter() - started, 1),
-        "last_ckpt": _last_checkpoint(last_checkpoint, preemption),
+        "last_ckpt": _last_checkpoint(trainer, last_checkpoint, preemption),
         "best_ckpt": best_on_disk(trainer, best_checkpoint, last_checkpoint, preemption),
         "loader_wait": timing.summary() if timing else {},
         "bad_samples": datamodule.bad_sample_summary(),
@@ -74,33 +76,52 @@ def remote_record(datamodule) -> dict:
 
 
 def best_on_disk(trainer, best: ModelCheckpoint | None, last: ModelCheckpoint | None, preemption) -> str | None:
-    """The best checkpoint a summary may name: the one its callback names, if whole on disk;
-    else (its successor refused as not finite, or its save out of disk: the callback already
-    names the new file, and let go of the old one) the newest file this run wrote whole into
-    that callback's folder, other than the last and resume checkpoints."""
+    """The best checkpoint a summary may name: the one its callback names, if whole in its
+    folder; else (its successor refused as not finite, or its save out of disk or store: the
+    callback already names the new file, and let go of the old one) the newest file this run
+    wrote whole into that callback's folder, other than the last and resume checkpoints."""
     if best is None:
         return None
-    if _existing(best.best_model_path):
+    whole = _written_whole(trainer)
+    if _existing(best.best_model_path, whole):
         return best.best_model_path
-    io = getattr(trainer.strategy, "checkpoint_io", None)
     # never the last-checkpoint callback's files, a save_last file, or resume.ckpt
     others = {c.last_model_path for c in (last, best) if c is not None}
     if last is not None:
         others |= {*last.best_k_models, last.best_model_path}
     if preemption is not None:
-        others.add(str(preemption.dirpath / preemption.FILENAME))
-    folder = Path(best.dirpath) if best.dirpath else None
-    kept = [p for p in getattr(io, "whole", []) if Path(p).parent == folder and p not in others and _existing(p)]
+        others.add(preemption.path)
+    folder = str(best.dirpath).rstrip("/") if best.dirpath else None
+    kept = [p for p in whole if _folder_of(p) == folder and p not in others and _existing(p, whole)]
     return kept[-1] if kept else None
 
 
-def _existing(path: str | None) -> str | None:
-    """A checkpoint path a summary may name: one that holds a file."""
-    return path if path and Path(path).is_file() else None
+def _written_whole(trainer) -> list[str]:
+    """The files this run wrote whole and kept, oldest first (``models/checkpoint_io.py``)."""
+    return list(getattr(getattr(trainer.strategy, "checkpoint_io", None), "whole", []))
 
 
-def _last_checkpoint(last: ModelCheckpoint | None, preemption: PreemptionCheckpoint | None) -> str | None:
+def _folder_of(path: str) -> str:
+    return path.rsplit("/", 1)[0] if is_remote(path) else str(Path(path).parent)
+
+
+def _existing(path: str | None, whole: list[str]) -> str | None:
+    """A checkpoint path a summary may name: one that holds a file or an object (a bucket's, when
+    its store is not answering: one this run wrote whole)."""
+    if not path:
+        return None
+    if is_remote(path) and not checkpoint_store.store_answers():
+        return path if path in whole else None
+    return path if checkpoint_store.exists(path) else None
+
+
+def _last_checkpoint(trainer, last: ModelCheckpoint | None, preemption: PreemptionCheckpoint | None) -> str | None:
     """The newest state this run wrote: the preemption/step checkpoint or the epoch-end one."""
+    whole = _written_whole(trainer)
     paths = [p for p in ((last.best_model_path if last else None), preemption.saved_path if preemption else None) if p]
-    existing = [p for p in paths if Path(p).is_file()]
-    return max(existing, key=lambda p: Path(p).stat().st_mtime) if existing else None
+    existing = [p for p in paths if _existing(p, whole)]
+
+    def age(path: str) -> tuple:  # written by this run: in writing order, after any older one
+        return (1, whole.index(path)) if path in whole else (0, checkpoint_store.modified(path))
+
+    return max(existing, key=age) if existing else None

@@ -28,8 +28,18 @@ from cocodet.errors import ConfigError, UserError
 from cocodet.loader.plan.flat_layout import batch_geometry
 from cocodet.loader.plan.request import loader_request
 from cocodet.ranks import trainer_ranks
-from cocodet.run_spec.records import DatasetSpec, LoaderSpec, ModelSpec, RecipeSpec, RunSpec, StorageSpec, TrainerSpec
+from cocodet.run_spec.records import (
+    CheckpointSpec,
+    DatasetSpec,
+    LoaderSpec,
+    ModelSpec,
+    RecipeSpec,
+    RunSpec,
+    StorageSpec,
+    TrainerSpec,
+)
 from cocodet.run_spec.validate import validate
+from cocodet.storage.urls import is_remote
 from cocodet.transforms.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -59,7 +69,11 @@ def read_spec(cfg: DictConfig) -> RunSpec:
     )
     ranks, cuda = trainer_ranks(trainer)
     run_dir_given = any(o.split("=", 1)[0] == "hydra.run.dir" for o in hydra_overrides())
-    unshared = unshared_folder(ranks, run_dir_given) if tree["mode"] == "train" else None
+    run_dir = Path(str(tree["output_dir"]))
+    checkpoint = checkpoint_spec(tree.get("checkpoint") or {}, data, run_dir)
+    unshared = (
+        unshared_folder(ranks, run_dir_given) if tree["mode"] == "train" and not is_remote(checkpoint.dir) else None
+    )
     if unshared:  # every node and restart must find the one run's checkpoints (elastic/run_folder.py)
         raise UserError(unshared)
     options = {k: v for k, v in data.items() if k not in ("_target_", "storage_options")}
@@ -68,7 +82,7 @@ def read_spec(cfg: DictConfig) -> RunSpec:
     return RunSpec(
         mode=str(tree["mode"]),
         seed=int(tree["seed"]),
-        run_dir=Path(str(tree["output_dir"])),
+        run_dir=run_dir,
         ranks=ranks,
         recipe=recipe,
         dataset=DatasetSpec(str(data["_target_"]), options),
@@ -76,6 +90,7 @@ def read_spec(cfg: DictConfig) -> RunSpec:
             request, batches, str(loader["shm_path"]), loader.get("on_failure"), int(loader.get("max_replans", 3))
         ),
         storage=StorageSpec(data.get("storage_options") or {}, dict(data.get("remote") or {})),
+        checkpoint=checkpoint,
         model=None
         if model is None
         else ModelSpec(config=model, name=str(model["detector"]["name"]), loader_resizes=recipe.resizes_as_model),
@@ -91,6 +106,17 @@ def read_spec(cfg: DictConfig) -> RunSpec:
         config=cfg,
         run_dir_given=run_dir_given,
     )
+
+
+def checkpoint_spec(checkpoint: dict, data: dict, run_dir: Path) -> CheckpointSpec:
+    """The checkpoint group: its folder (default: the run folder's ``checkpoints/``) and its store's
+    options: its own keys, and the dataset's for those it leaves null when both are buckets."""
+    folder = str(checkpoint.get("dir") or run_dir / "checkpoints")
+    own = {k: v for k, v in (checkpoint.get("storage_options") or {}).items() if v is not None}
+    shared = is_remote(folder) and is_remote(str(data.get("root")))
+    options = {**((data.get("storage_options") or {}) if shared else {}), **own}
+    in_run_dir = not is_remote(folder) and Path(folder).resolve() == (run_dir / "checkpoints").resolve()
+    return CheckpointSpec(folder, dict(options), in_run_dir)
 
 
 def plain_tree(cfg: DictConfig) -> dict:

@@ -118,6 +118,17 @@ class StorageSpec:
 
 
 @dataclass(frozen=True)
+class CheckpointSpec:
+    """Where checkpoints are written and found (``checkpoint.dir``: a folder or a bucket folder),
+    its store's fsspec ``options`` (``checkpoint.storage_options``, else the dataset's when both
+    are buckets), and whether the folder is the run folder's own ``checkpoints/``."""
+
+    dir: str
+    options: dict
+    in_run_dir: bool
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     config: dict  # the model group, resolved, for instantiate
     name: str  # model.detector.name
@@ -153,6 +164,7 @@ class RunSpec:
     loader: LoaderSpec
     dataset: DatasetSpec
     storage: StorageSpec
+    checkpoint: CheckpointSpec
     model: ModelSpec | None
     trainer: TrainerSpec
     ckpt_path: str | None

@@ -44,6 +44,10 @@ def validate(cfg: DictConfig, tree: dict, overrides: list[str] = ()) -> None:
         if cfg.get("dataset")
         else []
     )
+    options = (cfg.get("checkpoint") or {}).get("storage_options")
+    secrets += (
+        credential_keys(OmegaConf.to_container(options, resolve=False), "checkpoint.storage_options") if options else []
+    )
     mlflow = (cfg.get("logger") or {}).get("mlflow")
     secrets += credential_keys(OmegaConf.to_container(mlflow, resolve=False), "logger.mlflow") if mlflow else []
     if secrets:

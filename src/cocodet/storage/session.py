@@ -24,6 +24,11 @@ from cocodet.storage.errors import TRANSIENT, StoreAccessError, StoreDown, bucke
 from cocodet.storage.urls import protocol_of
 
 log = logging.getLogger(__name__)
+# How a dataset's StoreDown ends (the checkpoint store's own says which checkpoint is whole instead)
+RESUME_ADVICE = (
+    " A checkpoint was written if training had started: resume with the same command plus ckpt_path=last once "
+    "the store answers"
+)
 BACKOFF_CAP_S = 5.0  # the longest pause between two attempts (full jitter below it)
 # What this process and the workers it forks counted (shared memory, created by configure()).
 COUNTS = ("gets", "bytes_fetched", "misses", "retries", "cache_hits")
@@ -42,7 +47,10 @@ class StoreSettings:
 
 
 _settings = StoreSettings()
-_filesystems: dict[tuple[int, str], object] = {}  # (pid, protocol) -> this process's filesystem
+# fsspec options by store: "dataset" (the data's, set by configure) and "checkpoint" (the
+# checkpoint folder's, configure_checkpoints); both follow the same bounds and retry rules.
+_options: dict[str, dict] = {"dataset": {}}
+_filesystems: dict[tuple[int, str, str], object] = {}  # (pid, protocol, store) -> this process's filesystem
 _counts = None  # multiprocessing.Array of COUNTS (no lock of its own), shared with forked workers
 # When the store began failing (time.monotonic(), system-wide on Linux; 0: it answers), shared by
 # this process, its workers and the read-ahead's threads: the store is down for all of them
@@ -65,7 +73,9 @@ def configure(
     configured before, as the datamodule's own call does; ``read_ahead``:
     the remote group's read-ahead keys, used by ``read_ahead/start.py``)."""
     global _settings, _counts, _down_since, _lock
-    options = {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
+    options = _set(storage_options)
+    _options.clear()
+    _options["dataset"] = options
     _settings = StoreSettings(
         options, float(timeout_s), int(retries), float(give_up_s), _settings.rank if rank is None else int(rank)
     )
@@ -81,6 +91,18 @@ def configure(
     with _lock:  # a new run counts from zero (several runs share a process in tests and sweeps)
         _counts[:] = [0.0] * len(COUNTS)
         _down_since.value = 0.0
+
+
+def configure_checkpoints(storage_options: dict | None) -> None:
+    """fsspec options of the checkpoint folder's store (``checkpoint.storage_options``, already
+    defaulted to the dataset's where both are buckets): its own filesystem, the same bounds."""
+    _options["checkpoint"] = _set(storage_options)
+    for key in [k for k in _filesystems if k[2] == "checkpoint"]:
+        del _filesystems[key]
+
+
+def _set(storage_options: dict | None) -> dict:
+    return {k: v for k, v in (storage_options or {}).items() if v is not None}  # null: the default chain's
 
 
 def _failing_for(now: float) -> float:
@@ -112,9 +134,7 @@ def check_store_up(url: str, operation: str) -> None:
     if failing > _settings.give_up_s:
         raise StoreDown(
             f"{url}: the store has answered no request for {failing:.0f} s while {operation} waited; "
-            f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
-            "if training had started: resume with the same command plus ckpt_path=last once the store "
-            "answers"
+            f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s.{RESUME_ADVICE}"
         )
 
 
@@ -136,14 +156,15 @@ def settings() -> StoreSettings:
     return _settings
 
 
-def filesystem(url: str):
-    """This process's fsspec filesystem for ``url``'s protocol, opened on first use."""
+def filesystem(url: str, store: str = "dataset"):
+    """This process's fsspec filesystem for ``url``'s protocol and ``store`` (``dataset`` or
+    ``checkpoint``: whose options it takes), opened on first use."""
     protocol = protocol_of(url)
-    key = (os.getpid(), protocol)
+    key = (os.getpid(), protocol, store)
     if key not in _filesystems:
         import fsspec
 
-        options = dict(_settings.options)
+        options = dict(_options.get(store, _options["dataset"]))
         if protocol in ("s3", "s3a"):
             # Each attempt waits at most timeout_s; the whole call is bounded in call() as well.
             config = dict(options.pop("config_kwargs", None) or {})
@@ -163,15 +184,16 @@ def filesystem(url: str):
     return _filesystems[key]
 
 
-def call(url: str, operation: str, method: str, *args, deadline: float | None = None, **kwargs):
-    """``method`` of the filesystem of ``url`` on ``args`` and ``kwargs``: each attempt within ``deadline``
+def call(url: str, operation: str, method, *args, deadline: float | None = None, store: str = "dataset", **kwargs):
+    """``method`` of the filesystem of ``url`` (``store``'s) on ``args`` and ``kwargs`` (a callable
+    ``method``: awaited as ``method(fs, *args, **kwargs)``): each attempt within ``deadline``
     seconds (default ``timeout_s``), transient failures retried with capped exponential back-off
     and full jitter while fewer than ``retries`` retries were made or less than ``give_up_s``
     has passed since the first failure (whichever allows more), then :class:`StoreDown`."""
     first_failure, retries = None, 0
     while True:
         try:
-            result = _attempt(url, operation, method, args, deadline or _settings.timeout_s, kwargs)
+            result = _attempt(url, operation, method, args, deadline or _settings.timeout_s, kwargs, store)
         except TRANSIENT as e:
             now = time.monotonic()
             first_failure = first_failure or now
@@ -180,9 +202,7 @@ def call(url: str, operation: str, method: str, *args, deadline: float | None = 
                 raise StoreDown(
                     redact(
                         f"{url}: the store has failed {operation} for {failing:.0f} s ({retries} retries; last: {e}); "
-                        f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s. A checkpoint was written "
-                        "if training had started: resume with the same command plus ckpt_path=last once the store "
-                        "answers"
+                        f"gave up after dataset.remote.give_up_s={_settings.give_up_s:g} s.{RESUME_ADVICE}"
                     )
                 ) from None
             retries += 1
@@ -198,10 +218,16 @@ def call(url: str, operation: str, method: str, *args, deadline: float | None = 
         return result
 
 
-def _attempt(url: str, operation: str, method: str, args: tuple, deadline: float, kwargs: dict | None = None):
+def _attempt(
+    url: str, operation: str, method, args: tuple, deadline: float, kwargs: dict | None = None, store: str = "dataset"
+):
     """One request, with the store's failures turned into the errors above."""
-    fs = filesystem(url)
+    fs = filesystem(url, store)
     try:
+        if callable(method):
+            from fsspec.asyn import sync
+
+            return sync(fs.loop, method, fs, *args, timeout=deadline, **(kwargs or {}))
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
 
@@ -217,5 +243,9 @@ def _attempt(url: str, operation: str, method: str, args: tuple, deadline: float
             ) from None
         raise FileNotFoundError(f"{url}: no such object (404 on {operation})") from None
     except Exception as e:  # noqa: BLE001 - every other failure is classified below, never swallowed
-        endpoint = _settings.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
+        endpoint = (
+            _options.get(store, _options["dataset"]).get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or "the default endpoint"
+        )
         raise classified(url, operation, e, deadline, endpoint) from None

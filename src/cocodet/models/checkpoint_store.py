@@ -1,0 +1,209 @@
+"""Where checkpoints live: ``checkpoint.dir``, a local folder or an ``s3://`` bucket folder, and
+how a checkpoint file is written there, found, and read back whole.
+
+A bucket folder (design §7.5):
+- each checkpoint is one object, written whole or not at all (``storage/objects.py``), its
+  SHA-256 recorded in the object's own metadata by the same upload, and checked when it is
+  read: a changed byte is a :class:`CheckpointDigestError`;
+- an upload is retried with the dataset's rules (``dataset.remote``: per-request timeout,
+  retries, give-up clock); a store that stays down is a :class:`CheckpointStoreDown`, which
+  names the newest checkpoint written whole;
+- the run's small records (summary, unsent MLflow calls, bad samples, the attempts ledger) are
+  copied beside the checkpoints, so a machine that is gone leaves them too.
+
+A local folder keeps the writer's temporary-file-and-rename (``models/checkpoint_io.py``); the
+digest there is the rename's atomicity, not a record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cocodet.errors import UserError
+from cocodet.storage import objects
+from cocodet.storage.errors import StoreDown, StoreError
+from cocodet.storage.session import RESUME_ADVICE, configure_checkpoints, down_for
+from cocodet.storage.urls import is_remote, join
+
+log = logging.getLogger(__name__)
+STORE = "checkpoint"  # storage/session.py's name for the checkpoint folder's store options
+DIGEST_KEY = "sha256"  # the object metadata key (x-amz-meta-sha256)
+SUFFIX = ".ckpt"
+
+
+class CheckpointDigestError(UserError):
+    """A checkpoint whose bytes are not the ones recorded when it was written."""
+
+
+class CheckpointStoreDown(StoreDown):
+    """The checkpoint folder's store failed an upload for ``give_up_s``: the run ends ``store_down``."""
+
+
+@dataclass
+class CheckpointFolder:
+    """``checkpoint.dir`` and its store's options; ``part_bytes``: an upload's part."""
+
+    dir: str
+    options: dict = field(default_factory=dict)
+    part_bytes: int = 64 * 2**20
+    started: float = field(default_factory=time.time)  # uploads begun before this were left by killed writers
+
+    @property
+    def remote(self) -> bool:
+        return is_remote(self.dir)
+
+
+_folder = CheckpointFolder(dir="checkpoints")
+
+
+def configure(folder: CheckpointFolder) -> None:
+    """The checkpoint folder this process writes to and resumes from (``app.py``, every mode)."""
+    global _folder
+    _folder = folder
+    if folder.remote:
+        if not folder.dir.startswith(("s3://", "s3a://")):
+            raise UserError(
+                f"checkpoint.dir={folder.dir}: only s3:// buckets (AWS or S3-compatible) hold checkpoints; "
+                "use an s3:// URL or a local folder"
+            )
+        configure_checkpoints(folder.options)
+
+
+def folder() -> CheckpointFolder:
+    return _folder
+
+
+def digest(data) -> str:
+    return hashlib.sha256(memoryview(data)).hexdigest()
+
+
+def write(url: str, data) -> None:
+    """``data``, a serialised checkpoint, as the object at ``url``, with its digest."""
+    objects.put_whole(url, data, {DIGEST_KEY: digest(data)}, STORE, _folder.part_bytes)
+
+
+def store_down(error: StoreDown, newest_whole: str | None) -> CheckpointStoreDown:
+    """The error that ends a run whose checkpoint upload the store failed for ``give_up_s``,
+    naming the newest checkpoint written whole (None: none was)."""
+    newest = (
+        f"the newest checkpoint written whole is {newest_whole}: resume with the same command plus ckpt_path=last"
+        if newest_whole
+        else "no checkpoint of this run was written whole: start again with the same command"
+    )
+    return CheckpointStoreDown(
+        f"checkpoint.dir {_folder.dir}: {str(error).replace(RESUME_ADVICE, '')} {newest} once the store answers"
+    )
+
+
+def read(path: str) -> bytes:
+    """Every byte of the checkpoint at ``path`` (a file or an object), checked against the digest
+    its upload recorded. FileNotFoundError when there is none; :class:`CheckpointDigestError`
+    when the bytes changed since."""
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            return f.read()
+    data, metadata = objects.get_whole(path, STORE)
+    recorded = metadata.get(DIGEST_KEY)
+    if recorded is not None and recorded != digest(data):
+        raise CheckpointDigestError(
+            f"{path} is not the checkpoint that was written: its {len(data):,} bytes have SHA-256 "
+            f"{digest(data)[:16]}..., the upload recorded {recorded[:16]}... (changed or damaged in the store); "
+            "pass another checkpoint, or ckpt_path=last for the newest whole one"
+        )
+    return data
+
+
+def remove(path: str) -> None:
+    objects.delete(path, STORE)
+
+
+def exists(path: str) -> bool:
+    if not is_remote(path):
+        return Path(path).is_file()
+    return objects.head(path, STORE) is not None
+
+
+def modified(path: str) -> float:
+    if not is_remote(path):
+        return Path(path).stat().st_mtime
+    found = objects.head(path, STORE)
+    return found["modified"] if found else 0.0
+
+
+def store_answers() -> bool:
+    """False while the give-up clock runs (a request failed and none succeeded since)."""
+    return down_for() == 0.0
+
+
+def checkpoints_in(dir_: str) -> list[str]:
+    """Every checkpoint in the folder ``dir_``, newest first."""
+    if not is_remote(dir_):
+        found = list(Path(dir_).glob(f"*{SUFFIX}")) if Path(dir_).is_dir() else []
+        return [str(p) for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)]
+    found = [(url, when) for url, when, _ in objects.listed(dir_, STORE) if url.endswith(SUFFIX)]
+    return [url for url, _ in sorted(found, key=lambda item: item[1], reverse=True)]
+
+
+def abort_left_uploads() -> None:
+    """Abort what writers killed mid-upload left in the checkpoint folder (rank 0, at a run's start)."""
+    if not _folder.remote:
+        return
+    try:
+        aborted = objects.abort_incomplete(_folder.dir, STORE, _folder.started)
+    except StoreError as e:
+        log.warning("%s: could not look for incomplete uploads (%s)", _folder.dir, e)
+        return
+    if aborted:
+        log.info("%s: aborted %d incomplete upload(s) left by a writer that was killed", _folder.dir, aborted)
+
+
+def copy_record(file: Path) -> None:
+    """A copy of the run's record ``file`` beside the checkpoints, when they are kept elsewhere
+    than the run's folder (a bucket, another disk); never stops the run."""
+    if not file.is_file() or not _elsewhere(file):
+        return
+    if _folder.remote and not store_answers():
+        log.warning("%s not copied to %s: the store is not answering", file.name, _folder.dir)
+        return
+    target = join(_folder.dir, file.name)
+    try:
+        if is_remote(target):
+            data = file.read_bytes()
+            objects.put_whole(target, data, {DIGEST_KEY: digest(data)}, STORE, _folder.part_bytes)
+        else:
+            os.makedirs(_folder.dir, exist_ok=True)
+            tmp = f"{target}.tmp-{os.getpid()}"
+            Path(tmp).write_bytes(file.read_bytes())
+            os.replace(tmp, target)
+    except (OSError, StoreError) as e:
+        log.warning("%s not copied to %s (%s)", file.name, _folder.dir, e)
+
+
+def _elsewhere(file: Path) -> bool:
+    """Whether the checkpoint folder is outside the run folder that holds ``file``."""
+    if _folder.remote:
+        return True
+    run, checkpoints = file.parent.resolve(), Path(_folder.dir).resolve()
+    return checkpoints != run and run not in checkpoints.parents
+
+
+def restore_record(file: Path) -> None:
+    """The copy of the run's record ``file`` kept beside the checkpoints, written to ``file``,
+    if there is one (a run resumed on a machine that never held the run's folder)."""
+    if not _elsewhere(file) or (_folder.remote and not store_answers()):
+        return
+    source = join(_folder.dir, file.name)
+    try:
+        data = objects.get_whole(source, STORE)[0] if is_remote(source) else Path(source).read_bytes()
+    except FileNotFoundError:
+        return
+    except (OSError, StoreError) as e:
+        log.warning("%s not read from %s (%s)", file.name, _folder.dir, e)
+        return
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_bytes(data)
