@@ -13,10 +13,12 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from conftest import NARROW_MODEL, REPO, run_train
+from moto_store import DUMMY_KEYS, moto_server, s3_client
 from test_policy import host
 
 from cocodet.loader.plan.policy import plan_loader
@@ -380,49 +382,60 @@ def the_summary(outs: list[str]) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "step,when,workers,redone",
+    "step,when,workers,redone,bucket",
     [
-        (2, "end", 0, 0),  # just after the resume point of step 2 was written
-        (3, "start", 2, 1),  # mid-step, before the resume point of step 4, its loader workers killed with it
+        (2, "end", 0, 0, True),  # just after the resume point of step 2 was written (to a bucket folder)
+        (3, "start", 2, 1, False),  # mid-step, before the resume point of step 4, its loader workers killed with it
     ],
-    ids=["after_a_resume_point", "mid_step_with_workers"],
+    ids=["after_a_resume_point_in_a_bucket", "mid_step_with_workers"],
 )
 def test_a_node_lost_mid_epoch_resumes_by_itself_and_keeps_the_stream(
-    coco79, two_ranks, tmp_path, step, when, workers, redone
+    coco79, two_ranks, tmp_path, step, when, workers, redone, bucket
 ):
     """torchrun --max-restarts restarts the group; the new attempt meets on a store of its own
-    (the agents' one holds the dead attempt's keys), rank 0 picks the newest resume point, and
-    the run ends with the Lightning launcher's streams, its records in one folder each. (A node
-    lost at the end of step 3, before the resume point of step 4, is the replaced agent's test.)"""
-    port, overrides = (
-        free_port(),
-        node_overrides(coco79, f"loader.num_workers={workers}", *kill_once(step, tmp_path / "k", when)),
-    )
-    if redone:
-        overrides.append("logger=mlflow")
-    mlflow = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    agents = [start_agent(n, port, "lost-node", overrides, tmp_path, env=mlflow) for n in (0, 1)]
-    outs = [a.communicate(timeout=600)[0] for a in agents]
+    (the agents' one holds the dead attempt's keys), rank 0 picks the newest resume point (in
+    a bucket folder: ``checkpoint.dir=s3://...``), and the run ends with the Lightning launcher's
+    streams, its records in one folder each. (A node lost at the end of step 3, before the resume
+    point of step 4, is the replaced agent's test.)"""
+    with ExitStack() as stack:
+        port, overrides = (
+            free_port(),
+            node_overrides(coco79, f"loader.num_workers={workers}", *kill_once(step, tmp_path / "k", when)),
+        )
+        env, checkpoints = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}, None
+        if redone:
+            overrides.append("logger=mlflow")
+        if bucket:
+            endpoint, checkpoints = stack.enter_context(moto_server()), "s3://ckpts/lost-node"
+            s3_client(endpoint).create_bucket(Bucket="ckpts")
+            overrides += [f"checkpoint.dir={checkpoints}", f"checkpoint.storage_options.endpoint_url={endpoint}"]
+            env.update(DUMMY_KEYS)
+        agents = [start_agent(n, port, "lost-node", overrides, tmp_path, env=env) for n in (0, 1)]
+        outs = [a.communicate(timeout=600)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    s = assert_one_resumed_run(outs, tmp_path / "outputs" / "torchrun" / "lost-node", two_ranks, redone)
+    s = assert_one_resumed_run(outs, tmp_path / "outputs" / "torchrun" / "lost-node", two_ranks, redone, checkpoints)
     if "logger=mlflow" in overrides:  # the restarted attempt continued the MLflow run the first one began
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=mlflow["MLFLOW_TRACKING_URI"])
+        client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
         runs = client.search_runs([client.get_experiment_by_name("cocodet").experiment_id])
         assert [r.info.run_id for r in runs] == [s["mlflow"]["run_id"]] and runs[0].info.status == "FINISHED"
 
 
-def assert_one_resumed_run(outs: list[str], run_dir: Path, two_ranks: dict, redone: int) -> dict:
-    """The run resumed once at step 2 ended as the Lightning launcher's, its records in one folder."""
+def assert_one_resumed_run(
+    outs: list[str], run_dir: Path, two_ranks: dict, redone: int, checkpoints: str | None = None
+) -> dict:
+    """The run resumed once at step 2 ended as the Lightning launcher's, its records in one folder
+    (``checkpoints``: the bucket folder it resumed from; None: the run folder's)."""
     s = the_summary(outs)  # run_dir: the rendezvous id's folder
     assert json.loads((run_dir / "summary.json").read_text()) == s
     assert s["status"] == "completed" and s["steps"] == 5
     assert s["attempts"] == {"count": 2, "restarts": 1, "steps_redone": redone, "resumed_steps": [0, 2]}
     assert s["ddp"]["stream_digests"] == two_ranks[0][1]["ddp"]["stream_digests"]
-    assert re.search(
-        rf"ckpt_path=last_if_any: resuming \S+/outputs/torchrun/{run_dir.name}/checkpoints/resume.ckpt", "".join(outs)
-    )
+    where = re.escape(checkpoints) if checkpoints else rf"\S+/outputs/torchrun/{run_dir.name}/checkpoints"
+    assert re.search(rf"ckpt_path=last_if_any: resuming {where}/resume.ckpt", "".join(outs))
+    if checkpoints:
+        assert s["last_ckpt"] == f"{checkpoints}/last.ckpt" and not (run_dir / "checkpoints").exists()
     for rank in (0, 1):  # each node's plan says where its ranks came from
         assert re.search(
             rf"local ranks on this host +1 \(ranks read from torchelastic \(rank {rank} of 2, node {rank}\)\)",

@@ -157,3 +157,39 @@ def test_the_pods_are_sized_by_mode_plan(manifest, coco_tiny, tmp_path):
         s["pod"]["shm_size_limit"].removesuffix("Mi")
     )
     assert int(c["resources"]["requests"]["cpu"]) >= s["pod"]["cpu"]
+
+
+def bucket_jobset() -> dict:
+    return documents("jobset-bucket.yaml")["JobSet"]
+
+
+def test_the_bucket_jobset_validates_and_needs_no_shared_volume(tmp_path):
+    jsonschema.validate(bucket_jobset(), JOBSET_SCHEMA)
+    template = bucket_jobset()["spec"]["replicatedJobs"][0]["template"]
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "cocodet-multinode-node-0"}, **template}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = kubernetes_validate(tmp_path / "job.yaml")
+    assert proc.returncode == 0 and "passed" in proc.stdout, proc.stdout + proc.stderr
+    pod = template["spec"]["template"]["spec"]
+    assert all("persistentVolumeClaim" not in v for v in pod["volumes"]), pod["volumes"]
+    args = overrides(container(template["spec"])["args"])
+    assert args["checkpoint.dir"].startswith("s3://") and args["dataset.root"].startswith("s3://")
+    env = {e["name"]: e.get("valueFrom", {}) for e in container(template["spec"])["env"]}
+    assert all("secretKeyRef" in env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))
+
+
+def test_the_bucket_jobset_is_the_jobset_but_for_where_data_and_checkpoints_live():
+    """Everything else (torchrun flags, restarts, sizes, environment) as jobset.yaml's, which the
+    tests above hold to the tested command."""
+    ours, theirs = bucket_jobset(), jobset()
+    pod_ours = ours["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod_theirs = theirs["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    c_ours, c_theirs = pod_ours["containers"][0], pod_theirs["containers"][0]
+    moved = {"dataset.root", "checkpoint.dir"}
+    assert {k: v for k, v in overrides(c_ours["args"]).items() if k not in moved} == {
+        k: v for k, v in overrides(c_theirs["args"]).items() if k not in moved
+    }
+    assert flags(c_ours["args"]) == flags(c_theirs["args"]) and c_ours["resources"] == c_theirs["resources"]
+    assert [e for e in c_ours["env"] if not e["name"].startswith("AWS_")] == c_theirs["env"]
+    assert ours["spec"]["failurePolicy"] == theirs["spec"]["failurePolicy"]
+    assert [m for m in c_ours["volumeMounts"]] == [m for m in c_theirs["volumeMounts"] if m["name"] != "coco"]

@@ -17,6 +17,8 @@ import s3fs  # noqa: F401  (pinned in requirements.txt: missing, it fails here, 
 from conftest import NARROW_MODEL, REPO, is_root, run_in_process, run_train
 from moto_store import DUMMY_KEYS, filled_store, moto_server, recorded, s3_client, upload_folder
 
+from cocodet.models.evaluation import STAT_NAMES
+
 BUCKET = "coco-tiny"
 ENV = {"PYTHONPATH": str(REPO / "tests")}
 
@@ -447,47 +449,74 @@ def train_args(root_args: list[str], *extra: str) -> list[str]:
     ]
 
 
+CHECKPOINTS = "s3://run-ckpts/run"  # checkpoint.dir: in the same store, so the dataset's endpoint is its
+
+
 @pytest.fixture(scope="module")
 def resumed_run(store, coco_tiny, tmp_path_factory):
+    """A run on the bucket with its checkpoints in another bucket, SIGKILLed at step 15 (a
+    resume point every 5 steps), resumed from another, empty folder (another machine) with
+    ``ckpt_path=last``; an incomplete upload planted in the checkpoint folder before the resume."""
     base = tmp_path_factory.mktemp("remote_train")
     keys = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, **ENV}
-    signal = [
+    client = s3_client(store)
+    client.create_bucket(Bucket="run-ckpts")
+    in_bucket = [f"checkpoint.dir={CHECKPOINTS}", "checkpoint.every_n_steps=5"]
+    kill = [
         "+callbacks.signal_at._target_=signal_at_step.SignalAtStep",
         "+callbacks.signal_at.step=15",
-        "+callbacks.signal_at.signal_name=SIGTERM",
+        "+callbacks.signal_at.signal_name=SIGKILL",
     ]
-    run_dir = base / "run"
-    p1, first = run_train(train_args(remote(store), *signal), run_dir, env=keys, timeout=900)
+    p1, _ = run_train(train_args(remote(store), *in_bucket, *kill), base / "run", env=keys, timeout=900, check=False)
+    assert p1.returncode == -9, p1.stderr[-2000:]
+    left = client.create_multipart_upload(Bucket="run-ckpts", Key="run/last.ckpt")["UploadId"]
+    client.upload_part(Bucket="run-ckpts", Key="run/last.ckpt", UploadId=left, PartNumber=1, Body=b"x" * 1024)
+    run_dir = base / "another_machine"
     p2, second = run_train(
-        train_args(remote(store), "loader.num_workers=1", "ckpt_path=last"), run_dir, env=keys, timeout=900
+        train_args(remote(store), *in_bucket, "loader.num_workers=1", "ckpt_path=last"), run_dir, env=keys, timeout=900
     )
     local = run_in_process(train_args(["dataset=coco", f"dataset.root={coco_tiny}"]), base / "local")
     return {
-        "first": first,
         "second": second,
         "local": local,
         "run_dir": run_dir,
         "base": base,
         "output": p1.stdout + p1.stderr + p2.stdout + p2.stderr,
+        "resume_line": [line for line in p2.stderr.splitlines() if line.startswith("ckpt_path=last")],
     }
 
 
 @pytest.mark.slow
-def test_a_resumed_run_on_the_bucket_has_the_local_roots_digest(resumed_run):
-    first, second, local = resumed_run["first"], resumed_run["second"], resumed_run["local"]
-    assert first["status"] == "preempted" and first["steps"] == 15
+def test_a_run_killed_mid_epoch_resumes_from_the_bucket_on_another_machine_with_the_local_roots_digest(
+    resumed_run, store
+):
+    second, local = resumed_run["second"], resumed_run["local"]
+    assert resumed_run["resume_line"] == [
+        f"ckpt_path=last: resuming {CHECKPOINTS}/resume.ckpt; this run writes its logs to {resumed_run['run_dir']}"
+    ]
     assert second["status"] == "completed" and second["steps"] == 20 and local["steps"] == 20
     assert second["stream_digest"] == local["stream_digest"]
+    assert second["last_ckpt"] == f"{CHECKPOINTS}/last.ckpt" and second["best_ckpt"].startswith(f"{CHECKPOINTS}/best-")
+    assert second["attempts"]["resumed_steps"] == [0, 15]  # the ledger's copy in the bucket, on a new machine
+    client = s3_client(store)
+    assert client.list_multipart_uploads(Bucket="run-ckpts").get("Uploads", []) == []  # the planted one aborted
+    names = {o["Key"] for o in client.list_objects_v2(Bucket="run-ckpts")["Contents"]}
+    assert {"run/last.ckpt", "run/resume.ckpt", "run/summary.json", "run/attempts.json"} <= names, names
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["eval", "predict"])
 def test_eval_and_predict_on_the_bucket(resumed_run, store, mode, tmp_path):
     ckpt = resumed_run["second"]["last_ckpt"]
+    assert ckpt == f"{CHECKPOINTS}/last.ckpt"
     extra = ["predict.source=s3://coco-tiny/val2017", "predict.draw=false"] if mode == "predict" else []
     s = run_in_process([f"mode={mode}", *train_args(remote(store)), f"ckpt_path={ckpt}", *extra], tmp_path / mode)
     if mode == "eval":
         assert s["images"] == 16 and 0.0 <= s["map"] <= 1.0, s  # trainer.limit_val_batches=2 of 8
+        copy = tmp_path / "last.ckpt"  # the same checkpoint as a local file: the same 12 numbers
+        copy.write_bytes(s3_client(store).get_object(Bucket="run-ckpts", Key="run/last.ckpt")["Body"].read())
+        local = run_in_process(["mode=eval", *train_args(remote(store)), f"ckpt_path={copy}"], tmp_path / "local")
+        assert {k: s[k] for k in STAT_NAMES} == {k: local[k] for k in STAT_NAMES}
     else:
         assert s["images"] == 80 and s["bad_images"] == 0, s
         names = [im["file_name"] for im in json.loads(Path(s["images_json"]).read_text())]
@@ -495,10 +524,10 @@ def test_eval_and_predict_on_the_bucket(resumed_run, store, mode, tmp_path):
 
 
 @pytest.mark.slow
-def test_no_credential_in_anything_the_runs_leave(resumed_run):
+def test_no_credential_in_anything_the_runs_leave(resumed_run, store):
     assert resumed_run["second"]["status"] == "completed"
     leaks = []
-    for path in Path(resumed_run["run_dir"]).rglob("*"):
+    for path in Path(resumed_run["base"]).rglob("*"):  # both runs' folders (the killed one's too)
         if path.is_file():
             data = path.read_bytes()
             leaks += [
@@ -515,8 +544,17 @@ def test_no_credential_in_anything_the_runs_leave(resumed_run):
         "train.log",
         "metrics.csv",
         "hparams.yaml",
-        "last.ckpt",
+        "attempts.json",
     } <= checked, checked
     assert any(n.startswith("events.out.tfevents") for n in checked)
     assert not leaks, leaks
     assert SECRET not in resumed_run["output"] and KEY_ID not in resumed_run["output"]
+    bucket = s3_client(store)  # what the runs left beside their checkpoints
+    listed = [o["Key"] for o in bucket.list_objects_v2(Bucket="run-ckpts")["Contents"]]
+    assert {"run/last.ckpt", "run/summary.json", "run/attempts.json"} <= set(listed), listed
+    for key in listed:
+        data = bucket.get_object(Bucket="run-ckpts", Key=key)["Body"].read()
+        leaks += [
+            f"s3://run-ckpts/{key} holds {n}" for n, v in (("secret", SECRET), ("key id", KEY_ID)) if v.encode() in data
+        ]
+    assert not leaks, leaks

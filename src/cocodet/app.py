@@ -13,7 +13,6 @@ import sys
 from omegaconf import DictConfig
 
 from cocodet.datasets.bad_samples import JSONL_NAME as BAD_SAMPLES_FILE
-from cocodet.elastic.attempts import FILENAME as ATTEMPTS_FILE
 from cocodet.errors import RunStopped
 from cocodet.loader.plan.resources import raise_nofile_limit
 from cocodet.models import checkpoint_store
@@ -25,7 +24,8 @@ from cocodet.storage.session import configure as configure_store
 from cocodet.summary_file import write_summary
 from cocodet.tracking.unsent import UNSENT_NAME, unsent_line
 
-RECORDS = ("summary.json", UNSENT_NAME, BAD_SAMPLES_FILE, ATTEMPTS_FILE)
+# The run's records copied beside checkpoints kept elsewhere (the attempts ledger copies itself: elastic/attempts.py)
+RECORDS = ("summary.json", UNSENT_NAME, BAD_SAMPLES_FILE)
 
 
 def run(cfg: DictConfig) -> dict:

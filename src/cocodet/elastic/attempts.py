@@ -90,6 +90,7 @@ class AttemptLedger(L.Callback):
             return None
         self.attempts[-1]["ended"] = status
         self._write()
+        copy_record(self.path)
         self._close_step()
         return summarize(self.attempts)
 

@@ -28,6 +28,7 @@ from cocodet.errors import UserError
 from cocodet.storage import objects
 from cocodet.storage.errors import StoreDown, StoreError
 from cocodet.storage.session import RESUME_ADVICE, configure_checkpoints, down_for
+from cocodet.storage.store import read_bytes
 from cocodet.storage.urls import is_remote, join
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,7 @@ def read(path: str) -> bytes:
     its upload recorded. FileNotFoundError when there is none; :class:`CheckpointDigestError`
     when the bytes changed since."""
     if not is_remote(path):
-        with open(path, "rb") as f:
-            return f.read()
+        return read_bytes(path)
     data, metadata = objects.get_whole(path, STORE)
     recorded = metadata.get(DIGEST_KEY)
     if recorded is not None and recorded != digest(data):
@@ -173,12 +173,12 @@ def copy_record(file: Path) -> None:
     target = join(_folder.dir, file.name)
     try:
         if is_remote(target):
-            data = file.read_bytes()
+            data = read_bytes(file)
             objects.put_whole(target, data, {DIGEST_KEY: digest(data)}, STORE, _folder.part_bytes)
         else:
             os.makedirs(_folder.dir, exist_ok=True)
             tmp = f"{target}.tmp-{os.getpid()}"
-            Path(tmp).write_bytes(file.read_bytes())
+            Path(tmp).write_bytes(read_bytes(file))
             os.replace(tmp, target)
     except (OSError, StoreError) as e:
         log.warning("%s not copied to %s (%s)", file.name, _folder.dir, e)
@@ -199,7 +199,7 @@ def restore_record(file: Path) -> None:
         return
     source = join(_folder.dir, file.name)
     try:
-        data = objects.get_whole(source, STORE)[0] if is_remote(source) else Path(source).read_bytes()
+        data = objects.get_whole(source, STORE)[0] if is_remote(source) else read_bytes(source)
     except FileNotFoundError:
         return
     except (OSError, StoreError) as e:

@@ -132,12 +132,12 @@ def with_trained_config(cfg: DictConfig, overrides: list[str]) -> None:
     ckpt = cfg.get("ckpt_path")
     if not HydraConfig.initialized():  # composed by a program (tests, an API user): it says what it means
         return
-    if (
-        cfg.get("mode") not in CHECKPOINT_MODES
-        or not ckpt
-        or ckpt in ("last", "last_if_any")
-        or not Path(str(ckpt)).is_file()
-    ):
+    if cfg.get("mode") not in CHECKPOINT_MODES or not ckpt or ckpt in ("last", "last_if_any"):
+        return
+    if is_remote(str(ckpt)):  # read once, where the weights are: the groups are the command line's
+        log.info("%s: a checkpoint in a bucket; the dataset, model and augment groups are this command's", ckpt)
+        return
+    if not Path(str(ckpt)).is_file():
         return  # a missing file is refused, in one line, where the weights are read
     keys = [o.lstrip("+").split("=", 1)[0] for o in overrides if not o.startswith("~")]
     chosen = {k for k in keys if k in TRAINED_GROUPS} | (set(TRAINED_GROUPS) if "experiment" in keys else set())

@@ -72,7 +72,11 @@ def put_whole(url: str, data, metadata: dict[str, str], store: str, part_bytes: 
             Metadata=metadata,
         )
         return
-    part_bytes = max(part_bytes, MIN_PART)
+    _multipart(url, view, metadata, store, max(part_bytes, MIN_PART))
+
+
+def _multipart(url: str, view: memoryview, metadata: dict[str, str], store: str, part_bytes: int) -> None:
+    bucket, key = split(url)
     upload = call(
         url,
         "CreateMultipartUpload",
