@@ -173,7 +173,8 @@ def test_a_store_that_stays_down_ends_the_upload_naming_the_newest_whole_checkpo
         assert time.monotonic() - started < 30
         line = str(down.value)
         assert down.value.status == "store_down" and "\n" not in line
-        assert f"the newest checkpoint written whole is {FOLDER}/last.ckpt" in line and "give_up_s=2" in line
+        assert f"the newest checkpoint written whole is {FOLDER}/last.ckpt" in line and "give_up_s=2 s;" in line
+        assert "checkpoint.storage_options.endpoint_url" in line and "dataset.storage_options" not in line
         assert writer.whole == [f"{FOLDER}/last.ckpt"]
     finally:
         session.configure({})

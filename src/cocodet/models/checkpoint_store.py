@@ -96,9 +96,14 @@ def store_down(error: StoreDown, newest_whole: str | None) -> CheckpointStoreDow
         if newest_whole
         else "no checkpoint of this run was written whole: start again with the same command"
     )
-    return CheckpointStoreDown(
-        f"checkpoint.dir {_folder.dir}: {str(error).replace(RESUME_ADVICE, '')} {newest} once the store answers"
+    # The session words a failure for the dataset's store; this one is the checkpoint folder's.
+    what = (
+        str(error)
+        .replace(RESUME_ADVICE, "")
+        .rstrip(". ")
+        .replace("dataset.storage_options", "checkpoint.storage_options")
     )
+    return CheckpointStoreDown(f"checkpoint.dir {_folder.dir}: {what}; {newest} once the store answers")
 
 
 def read(path: str) -> bytes:
