@@ -73,6 +73,11 @@ def test_a_checkpoint_is_one_object_with_its_digest_and_reads_back(endpoint, fol
     assert head["Metadata"]["sha256"] == checkpoint_store.digest(body) and head["ContentLength"] == len(body)
     assert writer.whole == [f"{folder}/last.ckpt"]
     assert load_checkpoint(f"{folder}/last.ckpt", weights_only=True)["global_step"] == 3
+    kept = checkpoint_store.read(f"{folder}/last.ckpt", keep=True)  # read early, for the trained groups
+    s3_client(endpoint).delete_object(Bucket=BUCKET, Key=key)
+    assert checkpoint_store.read(f"{folder}/last.ckpt") == kept == body  # the weights' read: no second GET
+    with pytest.raises(FileNotFoundError):
+        checkpoint_store.read(f"{folder}/last.ckpt")
     assert s3_client(endpoint).list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
 
 
@@ -238,6 +243,13 @@ def test_checkpoint_storage_options_default_to_the_datasets_when_both_are_bucket
         run_dir=tmp_path,
     )
     assert own.checkpoint.options == {"endpoint_url": "http://other:9000"}
+    data_in_bucket = spec_of(  # a ckpt_path=s3://... is read with them too
+        "dataset=coco",
+        "dataset.root=s3://data",
+        "dataset.storage_options.endpoint_url=http://store:9000",
+        run_dir=tmp_path,
+    )
+    assert data_in_bucket.checkpoint.options == {"endpoint_url": "http://store:9000"}
     local_data = spec_of(
         "dataset.storage_options.endpoint_url=http://store:9000", "checkpoint.dir=s3://c/r", run_dir=tmp_path
     )

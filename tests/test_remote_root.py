@@ -505,22 +505,31 @@ def test_a_run_killed_mid_epoch_resumes_from_the_bucket_on_another_machine_with_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["eval", "predict"])
-def test_eval_and_predict_on_the_bucket(resumed_run, store, mode, tmp_path):
+def test_eval_of_a_checkpoint_in_the_bucket_gives_the_local_copys_numbers(resumed_run, store, tmp_path):
+    """As a user types it: the checkpoint's URL and its store's endpoint; the dataset, model and
+    augment groups come from the checkpoint, read in one GET (the weights take the same bytes)."""
     ckpt = resumed_run["second"]["last_ckpt"]
     assert ckpt == f"{CHECKPOINTS}/last.ckpt"
-    extra = ["predict.source=s3://coco-tiny/val2017", "predict.draw=false"] if mode == "predict" else []
-    s = run_in_process([f"mode={mode}", *train_args(remote(store)), f"ckpt_path={ckpt}", *extra], tmp_path / mode)
-    if mode == "eval":
-        assert s["images"] == 16 and 0.0 <= s["map"] <= 1.0, s  # trainer.limit_val_batches=2 of 8
-        copy = tmp_path / "last.ckpt"  # the same checkpoint as a local file: the same 12 numbers
-        copy.write_bytes(s3_client(store).get_object(Bucket="run-ckpts", Key="run/last.ckpt")["Body"].read())
-        local = run_in_process(["mode=eval", *train_args(remote(store)), f"ckpt_path={copy}"], tmp_path / "local")
-        assert {k: s[k] for k in STAT_NAMES} == {k: local[k] for k in STAT_NAMES}
-    else:
-        assert s["images"] == 80 and s["bad_images"] == 0, s
-        names = [im["file_name"] for im in json.loads(Path(s["images_json"]).read_text())]
-        assert all(n.startswith("s3://coco-tiny/val2017/") for n in names)
+    keys = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, **ENV}
+    loader = ["loader=explicit", "loader.batch_size=8", "loader.num_workers=2", "trainer.limit_val_batches=2"]
+    args = ["mode=eval", f"ckpt_path={ckpt}", f"checkpoint.storage_options.endpoint_url={store}", *loader]
+    proc, s = run_train([*args, "trainer.enable_progress_bar=false"], tmp_path / "eval", env=keys)
+    assert s["images"] == 16 and 0.0 <= s["map"] <= 1.0, s  # trainer.limit_val_batches=2 of 8
+    assert f"as the run was trained (from {ckpt})" in proc.stdout + proc.stderr  # the groups it was trained with
+    copy = tmp_path / "last.ckpt"  # the same checkpoint as a local file: the same 12 numbers
+    copy.write_bytes(s3_client(store).get_object(Bucket="run-ckpts", Key="run/last.ckpt")["Body"].read())
+    local = run_in_process(["mode=eval", *train_args(remote(store)), f"ckpt_path={copy}"], tmp_path / "local")
+    assert {k: s[k] for k in STAT_NAMES} == {k: local[k] for k in STAT_NAMES}
+
+
+@pytest.mark.slow
+def test_predict_on_the_bucket(resumed_run, store, tmp_path):
+    ckpt = resumed_run["second"]["last_ckpt"]
+    extra = ["predict.source=s3://coco-tiny/val2017", "predict.draw=false"]
+    s = run_in_process(["mode=predict", *train_args(remote(store)), f"ckpt_path={ckpt}", *extra], tmp_path / "predict")
+    assert s["images"] == 80 and s["bad_images"] == 0, s
+    names = [im["file_name"] for im in json.loads(Path(s["images_json"]).read_text())]
+    assert all(n.startswith("s3://coco-tiny/val2017/") for n in names)
 
 
 @pytest.mark.slow

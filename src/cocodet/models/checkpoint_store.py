@@ -60,19 +60,19 @@ class CheckpointFolder:
 
 
 _folder = CheckpointFolder(dir="checkpoints")
+_kept: tuple[str, bytes] | None = None  # (URL, bytes) of an object read with keep=True, until read again
 
 
 def configure(folder: CheckpointFolder) -> None:
     """The checkpoint folder this process writes to and resumes from (``app.py``, every mode)."""
     global _folder
+    if folder.remote and not folder.dir.startswith(("s3://", "s3a://")):
+        raise UserError(
+            f"checkpoint.dir={folder.dir}: only s3:// buckets (AWS or S3-compatible) hold checkpoints; "
+            "use an s3:// URL or a local folder"
+        )
     _folder = folder
-    if folder.remote:
-        if not folder.dir.startswith(("s3://", "s3a://")):
-            raise UserError(
-                f"checkpoint.dir={folder.dir}: only s3:// buckets (AWS or S3-compatible) hold checkpoints; "
-                "use an s3:// URL or a local folder"
-            )
-        configure_checkpoints(folder.options)
+    configure_checkpoints(folder.options)  # also for a ckpt_path in a bucket
 
 
 def folder() -> CheckpointFolder:
@@ -106,12 +106,17 @@ def store_down(error: StoreDown, newest_whole: str | None) -> CheckpointStoreDow
     return CheckpointStoreDown(f"checkpoint.dir {_folder.dir}: {what}; {newest} once the store answers")
 
 
-def read(path: str) -> bytes:
+def read(path: str, keep: bool = False) -> bytes:
     """Every byte of the checkpoint at ``path`` (a file or an object), checked against the digest
     its upload recorded. FileNotFoundError when there is none; :class:`CheckpointDigestError`
-    when the bytes changed since."""
+    when the bytes changed since. ``keep``: an object read before the run is built (for the
+    groups it was trained with) is kept for the next read of it, the weights', which takes it."""
+    global _kept
     if not is_remote(path):
         return read_bytes(path)
+    if _kept is not None and _kept[0] == path:
+        data, _kept = _kept[1], None
+        return data
     data, metadata = objects.get_whole(path, STORE)
     recorded = metadata.get(DIGEST_KEY)
     if recorded is not None and recorded != digest(data):
@@ -120,6 +125,8 @@ def read(path: str) -> bytes:
             f"{digest(data)[:16]}..., the upload recorded {recorded[:16]}... (changed or damaged in the store); "
             "pass another checkpoint, or ckpt_path=last for the newest whole one"
         )
+    if keep:
+        _kept = (path, data)
     return data
 
 

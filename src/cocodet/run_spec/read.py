@@ -110,10 +110,11 @@ def read_spec(cfg: DictConfig) -> RunSpec:
 
 def checkpoint_spec(checkpoint: dict, data: dict, run_dir: Path) -> CheckpointSpec:
     """The checkpoint group: its folder (default: the run folder's ``checkpoints/``) and its store's
-    options: its own keys, and the dataset's for those it leaves null when both are buckets."""
+    options (for the folder, and for a ``ckpt_path`` URL): its own keys, and the dataset's for
+    those it leaves null when the dataset is in a bucket too."""
     folder = str(checkpoint.get("dir") or run_dir / "checkpoints")
     own = {k: v for k, v in (checkpoint.get("storage_options") or {}).items() if v is not None}
-    shared = is_remote(folder) and is_remote(str(data.get("root")))
+    shared = is_remote(str(data.get("root")))
     options = {**((data.get("storage_options") or {}) if shared else {}), **own}
     in_run_dir = not is_remote(folder) and Path(folder).resolve() == (run_dir / "checkpoints").resolve()
     return CheckpointSpec(folder, dict(options), in_run_dir)
@@ -134,17 +135,19 @@ def with_trained_config(cfg: DictConfig, overrides: list[str]) -> None:
         return
     if cfg.get("mode") not in CHECKPOINT_MODES or not ckpt or ckpt in ("last", "last_if_any"):
         return
-    if is_remote(str(ckpt)):  # read once, where the weights are: the groups are the command line's
-        log.info("%s: a checkpoint in a bucket; the dataset, model and augment groups are this command's", ckpt)
-        return
-    if not Path(str(ckpt)).is_file():
+    if not is_remote(str(ckpt)) and not Path(str(ckpt)).is_file():
         return  # a missing file is refused, in one line, where the weights are read
     keys = [o.lstrip("+").split("=", 1)[0] for o in overrides if not o.startswith("~")]
     chosen = {k for k in keys if k in TRAINED_GROUPS} | (set(TRAINED_GROUPS) if "experiment" in keys else set())
     wanted = [g for g in TRAINED_GROUPS if g not in chosen]
     if not wanted:
         return
-    trained, source = _trained_groups(Path(str(ckpt)), bool(cfg.get("weights_only", True)))
+    weights_only = bool(cfg.get("weights_only", True))
+    trained, source = (
+        _groups_in_bucket(cfg, str(ckpt), weights_only)
+        if is_remote(str(ckpt))
+        else _trained_groups(Path(str(ckpt)), weights_only)
+    )
     if trained is None:
         log.info(
             "%s: the run's config is neither in the checkpoint nor beside it; the dataset and model are this command's",
@@ -204,6 +207,31 @@ def _trained_groups(ckpt: Path, weights_only: bool) -> tuple[dict | None, str]:
     if saved.is_file():
         return OmegaConf.to_container(OmegaConf.load(saved), resolve=False), f"from {saved}"
     return None, ""
+
+
+def _groups_in_bucket(cfg: DictConfig, url: str, weights_only: bool) -> tuple[dict | None, str]:
+    """(the trained groups, where), of a checkpoint in a bucket: read now, in its one GET, whose
+    bytes the weights' read takes (``models/checkpoint_store.py``: ``keep``)."""
+    import io
+
+    import torch
+
+    from cocodet.models import checkpoint_store
+    from cocodet.models.checkpoint_store import CheckpointFolder
+    from cocodet.models.detector import RUN_CONFIG_KEY
+
+    checkpoint, data = (OmegaConf.to_container(cfg.get(g) or {}, resolve=True) for g in ("checkpoint", "dataset"))
+    folder = checkpoint_spec(checkpoint, data, Path(str(cfg.output_dir)))
+    checkpoint_store.configure(CheckpointFolder(folder.dir, folder.options))  # its store's options, before app.py's
+    try:
+        data = checkpoint_store.read(url, keep=True)
+    except FileNotFoundError:
+        return None, ""  # refused, in one line, where the weights are read
+    try:
+        groups = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only).get(RUN_CONFIG_KEY)
+    except Exception:  # noqa: BLE001 - any refusal is worded where the weights are read
+        return None, ""
+    return (groups, f"from {url}") if groups else (None, "")
 
 
 def cli_overrides() -> list[str]:

@@ -95,7 +95,7 @@ def configure(
 
 def configure_checkpoints(storage_options: dict | None) -> None:
     """fsspec options of the checkpoint folder's store (``checkpoint.storage_options``, already
-    defaulted to the dataset's where both are buckets): its own filesystem, the same bounds."""
+    defaulted to the dataset's where the dataset is in a bucket): its own filesystem, the same bounds."""
     _options["checkpoint"] = _set(storage_options)
     for key in [k for k in _filesystems if k[2] == "checkpoint"]:
         del _filesystems[key]
