@@ -6,6 +6,7 @@ incomplete upload once the next run starts. No training here: the writer is the 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -88,8 +89,7 @@ def test_a_changed_byte_is_refused_when_named_and_passed_over_by_last(endpoint, 
 
     writer = AtomicCheckpointIO()
     writer.save_checkpoint(state(5), f"{folder}/resume.ckpt")
-    time.sleep(1.1)  # S3 keeps modification times to the second: last.ckpt is the newer
-    writer.save_checkpoint(state(10), f"{folder}/last.ckpt")
+    writer.save_checkpoint(state(10), f"{folder}/last.ckpt")  # the newer, within the same second
     client, key = s3_client(endpoint), folder.split("/", 3)[3] + "/last.ckpt"
     answer = client.get_object(Bucket=BUCKET, Key=key)
     data = bytearray(answer["Body"].read())
@@ -286,3 +286,63 @@ def test_a_multi_node_launch_with_checkpoints_in_a_bucket_needs_no_shared_run_fo
     with pytest.raises(UserError, match="has no run folder that every node and every restart agrees on"):
         spec_of(*nodes, run_dir=tmp_path)
     assert spec_of(*nodes, f"checkpoint.dir={FOLDER}", run_dir=tmp_path).checkpoint.dir == FOLDER
+
+
+@pytest.mark.slow
+def test_a_run_whose_checkpoint_store_dies_ends_store_down_naming_the_newest_whole_checkpoint(tmp_path, monkeypatch):
+    """The store killed for good once the first epoch's checkpoints are in: the next upload is
+    retried for give_up_s, then the run ends store_down (exit 2), its summary and last line
+    naming the newest checkpoint written whole."""
+    from conftest import NARROW_MODEL, synthetic_overrides
+
+    for name, value in DUMMY_KEYS.items():
+        monkeypatch.setenv(name, value)
+    with moto_server() as doomed:
+        client = s3_client(doomed)
+        client.create_bucket(Bucket=BUCKET)
+        args = [
+            *synthetic_overrides(tmp_path / "data"),
+            "dataset.image_size=64",
+            "loader.batch_size=8",
+            NARROW_MODEL,
+            "trainer.max_epochs=3",
+            "trainer.limit_val_batches=1",
+            "trainer.enable_progress_bar=false",
+            "loader=explicit",
+            "loader.num_workers=0",
+            f"checkpoint.dir={FOLDER}",
+            f"checkpoint.storage_options.endpoint_url={doomed}",
+            "dataset.remote.timeout_s=2",
+            "dataset.remote.retries=1",
+            "dataset.remote.give_up_s=2",
+        ]
+        command = [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={tmp_path / 'run'}"]
+        run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while "run/last.ckpt" not in {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])}:
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+            time.sleep(0.05)
+    out, err = run.communicate(timeout=300)  # the server is gone for good
+    assert run.returncode == 2, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    last = err.strip().splitlines()[-1]
+    assert summary["status"] == "store_down" and summary["steps"] >= 4
+    assert summary["last_ckpt"] == f"{FOLDER}/last.ckpt"
+    assert last.startswith(f"error: checkpoint.dir {FOLDER}: ") and "gave up after dataset.remote.give_up_s=2 s" in last
+    assert f"the newest checkpoint written whole is {FOLDER}/" in last and "ckpt_path=last" in last
+
+
+def test_a_checkpoint_in_another_runs_bucket_folder_is_never_removed(tmp_path):
+    """Lightning removes a replaced remote checkpoint wherever it is; here, as on local disk,
+    only from the callback's own folder, and never the one the run resumed from."""
+    from types import SimpleNamespace
+
+    from cocodet.models.store_checkpoint import ModelCheckpoint
+
+    callback = ModelCheckpoint(dirpath=f"s3://{BUCKET}/run_b", filename="last")
+    resumed = SimpleNamespace(ckpt_path=f"s3://{BUCKET}/run_a/last.ckpt")
+    new = f"s3://{BUCKET}/run_b/last.ckpt"
+    assert not callback._should_remove_checkpoint(resumed, f"s3://{BUCKET}/run_a/last.ckpt", new)
+    assert not callback._should_remove_checkpoint(resumed, f"s3://{BUCKET}/run_a/best-003.ckpt", new)
+    assert callback._should_remove_checkpoint(resumed, f"s3://{BUCKET}/run_b/best-001.ckpt", new)
+    assert not callback._should_remove_checkpoint(resumed, new, new)

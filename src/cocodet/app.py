@@ -49,12 +49,16 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
+def copy_records(run_dir) -> None:
+    """A training run's records beside its checkpoints, where those are kept off this machine."""
+    for name in RECORDS:
+        checkpoint_store.copy_record(run_dir / name)
+
+
 def _end_lines(run_dir, summary: dict) -> None:
     """The summary (summary.json and stdout's last line), then, when MLflow calls were left
     unsent, the stderr line that says so and how to send them (the last, but for cli's error line)."""
-    write_summary(run_dir, summary)
-    for name in RECORDS:  # beside the checkpoints too, where those are kept off this machine
-        checkpoint_store.copy_record(run_dir / name)
+    write_summary(run_dir, summary, then=copy_records if summary.get("mode") == "train" else None)
     line = unsent_line(summary.get("mlflow"))
     if line:
         sys.stderr.write(line + "\n")

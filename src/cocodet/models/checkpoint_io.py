@@ -80,9 +80,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             self._write(checkpoint, path, storage_options)
         except StoreDown as e:  # the checkpoint folder's store: the run ends naming what is whole
-            raise checkpoint_store.store_down(e, self.whole[-1] if self.whole else self.resumed_from) from None
+            raise self.store_down(e) from None
         self.written, self.refused = (str(path), int(checkpoint.get("global_step") or 0)), None
         self.whole = [p for p in self.whole if p != str(path)] + [str(path)]
+
+    def store_down(self, error: StoreDown) -> Exception:
+        """The error that ends the run when the checkpoint folder's store is down: it names the
+        newest checkpoint written whole (this run's, else the one it resumed)."""
+        return checkpoint_store.store_down(error, self.whole[-1] if self.whole else self.resumed_from)
 
     def remove_checkpoint(self, path) -> None:
         # A ModelCheckpoint removes the file its new save replaced; when that save was refused
@@ -91,7 +96,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             log.warning("keeping checkpoint %s: the state that was to replace it was not finite", path)
             return
         if is_remote(str(path)):
-            checkpoint_store.remove(str(path))
+            try:
+                checkpoint_store.remove(str(path))
+            except StoreDown as e:
+                raise self.store_down(e) from None
         else:
             super().remove_checkpoint(path)
         self.whole = [p for p in self.whole if p != str(path)]

@@ -34,6 +34,7 @@ from cocodet.storage.urls import is_remote, join
 log = logging.getLogger(__name__)
 STORE = "checkpoint"  # storage/session.py's name for the checkpoint folder's store options
 DIGEST_KEY = "sha256"  # the object metadata key (x-amz-meta-sha256)
+WRITTEN_KEY = "written"  # when the upload began, in seconds since the epoch (to the microsecond)
 SUFFIX = ".ckpt"
 
 
@@ -85,7 +86,8 @@ def digest(data) -> str:
 
 def write(url: str, data) -> None:
     """``data``, a serialised checkpoint, as the object at ``url``, with its digest."""
-    objects.put_whole(url, data, {DIGEST_KEY: digest(data)}, STORE, _folder.part_bytes)
+    metadata = {DIGEST_KEY: digest(data), WRITTEN_KEY: f"{time.time():.6f}"}
+    objects.put_whole(url, data, metadata, STORE, _folder.part_bytes)
 
 
 def store_down(error: StoreDown, newest_whole: str | None) -> CheckpointStoreDown:
@@ -144,7 +146,9 @@ def modified(path: str) -> float:
     if not is_remote(path):
         return Path(path).stat().st_mtime
     found = objects.head(path, STORE)
-    return found["modified"] if found else 0.0
+    if not found:
+        return 0.0
+    return float(found["metadata"].get(WRITTEN_KEY) or found["modified"])
 
 
 def store_answers() -> bool:
@@ -152,13 +156,14 @@ def store_answers() -> bool:
     return down_for() == 0.0
 
 
-def checkpoints_in(dir_: str) -> list[str]:
-    """Every checkpoint in the folder ``dir_``, newest first."""
+def checkpoints_in(dir_: str) -> list[tuple[str, float]]:
+    """(path, when written) of every checkpoint in the folder ``dir_``. In a bucket, when its
+    upload began, from its metadata (one HEAD each: the listing's times are whole seconds, and
+    a SIGTERM's resume.ckpt may follow last.ckpt within one)."""
     if not is_remote(dir_):
         found = list(Path(dir_).glob(f"*{SUFFIX}")) if Path(dir_).is_dir() else []
-        return [str(p) for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)]
-    found = [(url, when) for url, when, _ in objects.listed(dir_, STORE) if url.endswith(SUFFIX)]
-    return [url for url, _ in sorted(found, key=lambda item: item[1], reverse=True)]
+        return [(str(p), p.stat().st_mtime) for p in found]
+    return [(url, modified(url)) for url, _, _ in objects.listed(dir_, STORE) if url.endswith(SUFFIX)]
 
 
 def abort_left_uploads() -> None:
@@ -167,7 +172,7 @@ def abort_left_uploads() -> None:
         return
     try:
         aborted = objects.abort_incomplete(_folder.dir, STORE, _folder.started)
-    except StoreError as e:
+    except (StoreError, FileNotFoundError) as e:  # FileNotFoundError: an upload aborted meanwhile
         log.warning("%s: could not look for incomplete uploads (%s)", _folder.dir, e)
         return
     if aborted:

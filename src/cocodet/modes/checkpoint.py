@@ -12,9 +12,9 @@ def _with_weights(spec: RunSpec, plan: LoaderPlan):
     """(datamodule, module with the checkpoint's weights, checkpoint path)."""
     from cocodet.inference.checkpoint import load_weights, needs_checkpoint
 
-    if not spec.ckpt_path:
-        needs_checkpoint()
     ckpt, checkpoint = resume_checkpoint(spec)  # read, and refused, before any dataset work
+    if not ckpt:  # none given, or last_if_any found none
+        needs_checkpoint()
     datamodule = build_datamodule(spec, plan)
     module = build_module(spec, datamodule)
     load_weights(module, ckpt, spec.weights_only, checkpoint)

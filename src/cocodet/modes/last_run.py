@@ -92,7 +92,7 @@ def resume_checkpoint(spec: RunSpec) -> tuple[str | None, dict]:
 def checkpoints_here(spec: RunSpec) -> list[str]:
     """This run's checkpoints, newest first: ``checkpoint.dir``'s and the run folder's SLURM
     ``hpc_ckpt_*.ckpt``."""
-    found = [(p, checkpoint_store.modified(p)) for p in checkpoint_store.checkpoints_in(spec.checkpoint.dir)]
+    found = checkpoint_store.checkpoints_in(spec.checkpoint.dir)
     found += [(str(p), _mtime(p)) for p in spec.run_dir.glob("hpc_ckpt_*.ckpt")]
     return [p for p, _ in sorted(found, key=lambda item: item[1], reverse=True)]
 

@@ -42,7 +42,8 @@ def train(spec: RunSpec, plan: LoaderPlan, resources) -> dict:
     weights_only, chosen = spec.weights_only, {}
 
     def choose() -> dict:
-        abort_left_uploads()  # what a writer killed mid-upload left in a bucket folder
+        if spec.ranks.global_rank == 0:  # what a writer killed mid-upload left in a bucket folder
+            abort_left_uploads()
         path, chosen["checkpoint"] = resume_checkpoint(spec)
         return {"resume": path}
 

@@ -171,27 +171,39 @@ def _seconds(when) -> float:
 
 
 def abort_incomplete(prefix: str, store: str, before: float) -> int:
-    """Abort every multipart upload under the folder ``prefix`` begun before ``before``
-    (seconds since the epoch): what killed writers left. Returns how many."""
+    """Abort every multipart upload directly under the folder ``prefix`` (not in folders below
+    it: another run's) begun before ``before`` (seconds since the epoch): what killed writers
+    left. Returns how many."""
     bucket, key = split(prefix.rstrip("/") + "/")
-    page = call(
-        prefix, "ListMultipartUploads", "call_s3", "list_multipart_uploads", store=store, Bucket=bucket, Prefix=key
-    )
-    aborted = 0
-    for upload in page.get("Uploads", []):
-        if _seconds(upload["Initiated"]) < before:
-            call(
-                prefix,
-                "AbortMultipartUpload",
-                "call_s3",
-                "abort_multipart_upload",
-                store=store,
-                Bucket=bucket,
-                Key=upload["Key"],
-                UploadId=upload["UploadId"],
-            )
-            aborted += 1
-    return aborted
+    aborted, markers = 0, {}
+    while True:
+        page = call(
+            prefix,
+            "ListMultipartUploads",
+            "call_s3",
+            "list_multipart_uploads",
+            store=store,
+            Bucket=bucket,
+            Prefix=key,
+            Delimiter="/",
+            **markers,
+        )
+        for upload in page.get("Uploads", []):
+            if _seconds(upload["Initiated"]) < before:
+                call(
+                    prefix,
+                    "AbortMultipartUpload",
+                    "call_s3",
+                    "abort_multipart_upload",
+                    store=store,
+                    Bucket=bucket,
+                    Key=upload["Key"],
+                    UploadId=upload["UploadId"],
+                )
+                aborted += 1
+        if not page.get("IsTruncated"):
+            return aborted
+        markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
 
 def delete(url: str, store: str) -> None:
@@ -200,10 +212,14 @@ def delete(url: str, store: str) -> None:
 
 
 def head(url: str, store: str) -> dict | None:
-    """``{"modified": seconds, "size": bytes}`` of the object at ``url``, or None when there is none."""
+    """``{"modified": seconds, "size": bytes, "metadata": {...}}`` of the object at ``url``, or None."""
     bucket, key = split(url)
     try:
         answer = call(url, "HeadObject", "call_s3", "head_object", store=store, Bucket=bucket, Key=key)
     except FileNotFoundError:
         return None
-    return {"modified": _seconds(answer["LastModified"]), "size": int(answer["ContentLength"])}
+    return {
+        "modified": _seconds(answer["LastModified"]),
+        "size": int(answer["ContentLength"]),
+        "metadata": dict(answer.get("Metadata") or {}),
+    }

@@ -113,6 +113,9 @@ def end_tags(summary: dict) -> dict[str, str]:
     for key in ("stream_digest", "batch_digest"):
         if summary.get(key):
             tags[f"cocodet.{key}"] = str(summary[key])
+    for key in ("best_ckpt", "last_ckpt"):  # a bucket's checkpoints are named where they are, not uploaded
+        if "://" in str(summary.get(key) or ""):
+            tags[f"cocodet.{key}"] = str(summary[key])
     if summary.get("error"):
         tags["cocodet.error"] = redact(str(summary["error"]))[:PARAM_VALUE_MAX]
     return tags
