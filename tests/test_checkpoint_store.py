@@ -190,21 +190,19 @@ def test_records_are_copied_beside_checkpoints_kept_elsewhere_and_restored_on_a_
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text('{"status": "completed"}\n')
-    checkpoint_store.copy_record(run / "summary.json")
-    checkpoint_store.copy_record(run / "bad_samples.jsonl")  # none written: nothing copied
+    checkpoint_store.copy_record(run / "summary.json", folder)
+    checkpoint_store.copy_record(run / "bad_samples.jsonl", folder)  # none written: nothing copied
     keys = set(objects_in(endpoint, folder.split("/", 3)[3] + "/"))
     assert keys == {folder.split("/", 3)[3] + "/summary.json"}
     other = tmp_path / "other_machine" / "summary.json"
-    checkpoint_store.restore_record(other)
+    checkpoint_store.restore_record(other, folder)
     assert other.read_text() == '{"status": "completed"}\n'
 
     local = tmp_path / "run" / "checkpoints"  # the default folder, inside the run's: no copy
-    checkpoint_store.configure(CheckpointFolder(str(local)))
-    checkpoint_store.copy_record(run / "summary.json")
+    checkpoint_store.copy_record(run / "summary.json", str(local))
     assert not (local / "summary.json").exists()
     disk = tmp_path / "volume"  # a folder elsewhere (another disk): a copy
-    checkpoint_store.configure(CheckpointFolder(str(disk)))
-    checkpoint_store.copy_record(run / "summary.json")
+    checkpoint_store.copy_record(run / "summary.json", str(disk))
     assert (disk / "summary.json").read_text() == '{"status": "completed"}\n'
 
 

@@ -42,23 +42,24 @@ def run(cfg: DictConfig) -> dict:
         summary = getattr(importlib.import_module(module), function)(spec, plan, resources)
     except RunStopped as e:  # a full disk, a diverged run: the summary as far as it got, then one error line (cli)
         if e.summary is not None and spec.ranks.global_rank == 0:
-            _end_lines(spec.run_dir, e.summary)
+            _end_lines(spec, e.summary)
         raise
     if spec.ranks.global_rank == 0:  # one summary per run, written by rank 0 (DDP: after the others ended)
-        _end_lines(spec.run_dir, summary)
+        _end_lines(spec, summary)
     return summary
 
 
-def copy_records(run_dir) -> None:
-    """A training run's records beside its checkpoints, where those are kept off this machine."""
+def copy_records(spec) -> None:
+    """A training run's records beside its checkpoints, where those are kept elsewhere."""
     for name in RECORDS:
-        checkpoint_store.copy_record(run_dir / name)
+        checkpoint_store.copy_record(spec.run_dir / name, spec.checkpoint.dir)
 
 
-def _end_lines(run_dir, summary: dict) -> None:
-    """The summary (summary.json and stdout's last line), then, when MLflow calls were left
-    unsent, the stderr line that says so and how to send them (the last, but for cli's error line)."""
-    write_summary(run_dir, summary, then=copy_records if summary.get("mode") == "train" else None)
+def _end_lines(spec, summary: dict) -> None:
+    """The summary (summary.json, a training run's records copied beside its checkpoints, and
+    stdout's last line), then, when MLflow calls were left unsent, the stderr line that says so
+    and how to send them (the last, but for cli's error line)."""
+    write_summary(spec.run_dir, summary, then=(lambda _: copy_records(spec)) if spec.mode == "train" else None)
     line = unsent_line(summary.get("mlflow"))
     if line:
         sys.stderr.write(line + "\n")

@@ -40,8 +40,9 @@ STEP_RECORD = "{attempt:>10} {step:>20}\n"  # fixed width: each pwrite replaces 
 
 
 class AttemptLedger(L.Callback):
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, checkpoint_dir: str | None = None):
         self.path = Path(run_dir) / FILENAME
+        self.checkpoint_dir = checkpoint_dir  # a copy beside the checkpoints when they are kept elsewhere
         self.attempts: list[dict] = []
         self.unwritten = False  # a write failed (warned once)
         self._step_fd: int | None = None  # attempts.step, open for this attempt's records
@@ -50,7 +51,7 @@ class AttemptLedger(L.Callback):
         if not trainer.is_global_zero:
             return
         if not self.path.exists():  # a run resumed on another machine: the copy beside its checkpoints
-            restore_record(self.path)
+            restore_record(self.path, self.checkpoint_dir)
         self.attempts = read_attempts(self.path)
         before = self.attempts[-1] if self.attempts else None
         restart = before is not None and before.get("ended") is None
@@ -82,7 +83,7 @@ class AttemptLedger(L.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         if self.attempts and trainer.is_global_zero:
             self._write()
-            copy_record(self.path)  # beside the checkpoints, when those are kept off this machine
+            copy_record(self.path, self.checkpoint_dir)  # beside the checkpoints, when those are kept elsewhere
 
     def close(self, status: str) -> dict | None:
         """Record how this attempt ended; the summary's ``attempts`` (rank 0; None elsewhere)."""
@@ -90,7 +91,7 @@ class AttemptLedger(L.Callback):
             return None
         self.attempts[-1]["ended"] = status
         self._write()
-        copy_record(self.path)
+        copy_record(self.path, self.checkpoint_dir)
         self._close_step()
         return summarize(self.attempts)
 

@@ -179,48 +179,48 @@ def abort_left_uploads() -> None:
         log.info("%s: aborted %d incomplete upload(s) left by a writer that was killed", _folder.dir, aborted)
 
 
-def copy_record(file: Path) -> None:
-    """A copy of the run's record ``file`` beside the checkpoints, when they are kept elsewhere
-    than the run's folder (a bucket, another disk); never stops the run."""
-    if not file.is_file() or not _elsewhere(file):
+def copy_record(file: Path, dir_: str | None) -> None:
+    """A copy of the run's record ``file`` in its checkpoint folder ``dir_``, when that is
+    elsewhere than the run's folder (a bucket, another disk); never stops the run."""
+    if dir_ is None or not file.is_file() or not _elsewhere(file, dir_):
         return
-    if _folder.remote and not store_answers():
-        log.warning("%s not copied to %s: the store is not answering", file.name, _folder.dir)
+    if is_remote(dir_) and not store_answers():
+        log.warning("%s not copied to %s: the store is not answering", file.name, dir_)
         return
-    target = join(_folder.dir, file.name)
+    target = join(dir_, file.name)
     try:
         if is_remote(target):
             data = read_bytes(file)
             objects.put_whole(target, data, {DIGEST_KEY: digest(data)}, STORE, _folder.part_bytes)
         else:
-            os.makedirs(_folder.dir, exist_ok=True)
+            os.makedirs(dir_, exist_ok=True)
             tmp = f"{target}.tmp-{os.getpid()}"
             Path(tmp).write_bytes(read_bytes(file))
             os.replace(tmp, target)
     except (OSError, StoreError) as e:
-        log.warning("%s not copied to %s (%s)", file.name, _folder.dir, e)
+        log.warning("%s not copied to %s (%s)", file.name, dir_, e)
 
 
-def _elsewhere(file: Path) -> bool:
-    """Whether the checkpoint folder is outside the run folder that holds ``file``."""
-    if _folder.remote:
+def _elsewhere(file: Path, dir_: str) -> bool:
+    """Whether the checkpoint folder ``dir_`` is outside the run folder that holds ``file``."""
+    if is_remote(dir_):
         return True
-    run, checkpoints = file.parent.resolve(), Path(_folder.dir).resolve()
+    run, checkpoints = file.parent.resolve(), Path(dir_).resolve()
     return checkpoints != run and run not in checkpoints.parents
 
 
-def restore_record(file: Path) -> None:
-    """The copy of the run's record ``file`` kept beside the checkpoints, written to ``file``,
-    if there is one (a run resumed on a machine that never held the run's folder)."""
-    if not _elsewhere(file) or (_folder.remote and not store_answers()):
+def restore_record(file: Path, dir_: str | None) -> None:
+    """The copy of the run's record ``file`` kept in its checkpoint folder ``dir_``, written to
+    ``file``, if there is one (a run resumed on a machine that never held the run's folder)."""
+    if dir_ is None or not _elsewhere(file, dir_) or (is_remote(dir_) and not store_answers()):
         return
-    source = join(_folder.dir, file.name)
+    source = join(dir_, file.name)
     try:
         data = objects.get_whole(source, STORE)[0] if is_remote(source) else read_bytes(source)
     except FileNotFoundError:
         return
     except (OSError, StoreError) as e:
-        log.warning("%s not read from %s (%s)", file.name, _folder.dir, e)
+        log.warning("%s not read from %s (%s)", file.name, dir_, e)
         return
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_bytes(data)

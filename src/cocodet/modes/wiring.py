@@ -108,7 +108,7 @@ def build_trainer(spec: RunSpec):
     if spec.mode == "train":  # restarts and the steps they redid, for the summary (elastic/attempts.py)
         from cocodet.elastic.attempts import AttemptLedger
 
-        callbacks.append(AttemptLedger(spec.run_dir))
+        callbacks.append(AttemptLedger(spec.run_dir, spec.checkpoint.dir))
     from cocodet.models.checkpoint_io import AtomicCheckpointIO
 
     plugins = [AtomicCheckpointIO(), *([fp16_on_cpu] if fp16_on_cpu is not None else [])]
