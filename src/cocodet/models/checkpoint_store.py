@@ -98,13 +98,7 @@ def store_down(error: StoreDown, newest_whole: str | None) -> CheckpointStoreDow
         if newest_whole
         else "no checkpoint of this run was written whole: start again with the same command"
     )
-    # The session words a failure for the dataset's store; this one is the checkpoint folder's.
-    what = (
-        str(error)
-        .replace(RESUME_ADVICE, "")
-        .rstrip(". ")
-        .replace("dataset.storage_options", "checkpoint.storage_options")
-    )
+    what = str(error).replace(RESUME_ADVICE, "").rstrip(". ")
     return CheckpointStoreDown(f"checkpoint.dir {_folder.dir}: {what}; {newest} once the store answers")
 
 

@@ -235,11 +235,14 @@ def _attempt(
         return getattr(fs, method)(*args, **(kwargs or {}))
     except FileNotFoundError as e:
         if "bucket" in str(e).lower() and "not exist" in str(e).lower():
-            raise StoreAccessError(
-                redact(
-                    f"{url}: bucket {bucket_of(url)!r} does not exist ({operation}); "
-                    "check dataset.root and the endpoint"
-                )
+            raise _worded(
+                StoreAccessError(
+                    redact(
+                        f"{url}: bucket {bucket_of(url)!r} does not exist ({operation}); "
+                        "check dataset.root and the endpoint"
+                    )
+                ),
+                store,
             ) from None
         raise FileNotFoundError(f"{url}: no such object (404 on {operation})") from None
     except Exception as e:  # noqa: BLE001 - every other failure is classified below, never swallowed
@@ -248,4 +251,19 @@ def _attempt(
             or os.environ.get("AWS_ENDPOINT_URL")
             or "the default endpoint"
         )
-        raise classified(url, operation, e, deadline, endpoint) from None
+        raise _worded(classified(url, operation, e, deadline, endpoint), store) from None
+
+
+# The settings a store error names, for the checkpoint folder's store (its timeouts and retries
+# are the dataset's own: dataset.remote).
+_CHECKPOINT_WORDS = {"dataset.root": "checkpoint.dir", "dataset.storage_options": "checkpoint.storage_options"}
+
+
+def _worded(error: Exception, store: str) -> Exception:
+    """``error``, its message naming the settings of ``store`` (errors.py words the dataset's)."""
+    if store != "checkpoint":
+        return error
+    text = str(error)
+    for theirs, ours in _CHECKPOINT_WORDS.items():
+        text = text.replace(theirs, ours)
+    return type(error)(text)
