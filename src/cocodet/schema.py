@@ -158,7 +158,8 @@ RULES = (
     Rule(
         "checkpoint.dir",
         lambda v: isinstance(v, str) and bool(v),
-        "a folder path or a bucket folder (s3://bucket/prefix)",
+        "a folder path or a bucket folder (s3://bucket/prefix), or null for the run folder's checkpoints/",
+        optional=True,
     ),
     Rule("checkpoint.storage_options", lambda v: isinstance(v, dict), "a mapping of fsspec options", optional=True),
     Rule(
