@@ -252,8 +252,8 @@ def test_checkpoint_storage_options_default_to_the_datasets_when_both_are_bucket
         "dataset.storage_options.endpoint_url=http://store:9000", "checkpoint.dir=s3://c/r", run_dir=tmp_path
     )
     assert local_data.checkpoint.options == {}
-    for default in (spec_of(run_dir=tmp_path), spec_of("checkpoint.dir=null", run_dir=tmp_path)):
-        assert default.checkpoint.dir == str(tmp_path / "checkpoints") and default.checkpoint.in_run_dir
+    default = spec_of(run_dir=tmp_path)
+    assert default.checkpoint.dir == str(tmp_path / "checkpoints") and default.checkpoint.in_run_dir
 
 
 def test_a_path_in_the_bucket_is_not_mangled(tmp_path):

@@ -158,8 +158,7 @@ RULES = (
     Rule(
         "checkpoint.dir",
         lambda v: isinstance(v, str) and bool(v),
-        "a folder path or a bucket folder (s3://bucket/prefix), or null for the run folder's checkpoints/",
-        optional=True,
+        "a folder path or a bucket folder (s3://bucket/prefix)",
     ),
     Rule("checkpoint.storage_options", lambda v: isinstance(v, dict), "a mapping of fsspec options", optional=True),
     Rule(
