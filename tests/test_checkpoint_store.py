@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-import s3fs  # noqa: F401  (pinned in requirements.txt: missing, it fails here, never skips)
+import s3fs  # pinned in requirements.txt: missing, it fails here, never skips
 import torch
 from conftest import REPO
 from moto_store import DUMMY_KEYS, moto_server, s3_client
@@ -344,3 +344,21 @@ def test_a_checkpoint_in_another_runs_bucket_folder_is_never_removed(tmp_path):
     assert not callback._should_remove_checkpoint(resumed, f"s3://{BUCKET}/run_a/best-003.ckpt", new)
     assert callback._should_remove_checkpoint(resumed, f"s3://{BUCKET}/run_b/best-001.ckpt", new)
     assert not callback._should_remove_checkpoint(resumed, new, new)
+
+
+def test_an_upload_part_the_store_drops_once_is_sent_again(endpoint, folder, monkeypatch):
+    """A store that blinks mid-upload: the part is retried under the dataset's rules
+    (dataset.remote), and the checkpoint is whole."""
+    real = s3fs.S3FileSystem._call_s3
+    dropped = []
+
+    async def blinking(self, method, *args, **kwargs):
+        if method == "upload_part" and kwargs.get("PartNumber") == 2 and not dropped:
+            dropped.append(2)
+            raise ConnectionResetError("Connection reset by peer")
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", blinking)
+    AtomicCheckpointIO().save_checkpoint(state(4, floats=3 * 2**20), f"{folder}/last.ckpt")
+    assert dropped == [2] and session.counts()["retries"] == 1
+    assert load_checkpoint(f"{folder}/last.ckpt", weights_only=True)["global_step"] == 4
