@@ -123,7 +123,7 @@ class MlflowLogger(Logger):
             with run.guard.closing(self.artifacts_within_s, "logger.mlflow.artifacts_within_s", uploads=True):
                 for path in artifacts:
                     run.log_file(path)
-                # a checkpoint in a bucket stays there: the run's cocodet.best_ckpt tag names it
+                # a checkpoint in a bucket stays there: a tag of the run names it (run_record.end_tags)
                 if self.log_model and self.best_path and "://" not in self.best_path and Path(self.best_path).is_file():
                     run.log_file(self.best_path, "checkpoints")
         run.guard.finish()
