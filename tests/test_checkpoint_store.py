@@ -266,19 +266,12 @@ def test_a_path_in_the_bucket_is_not_mangled(tmp_path):
 def test_a_multi_node_launch_with_checkpoints_in_a_bucket_needs_no_shared_run_folder(tmp_path, monkeypatch):
     """Every node and restart finds the checkpoints in the bucket folder, whatever run folder
     each composes (the refusal without a bucket: test_ddp.py)."""
+    from test_elastic import TORCHRUN
     from test_resume import spec_of
 
     from cocodet.errors import UserError
 
-    for name, value in {
-        "TORCHELASTIC_RUN_ID": "none",
-        "RANK": "1",
-        "LOCAL_RANK": "0",
-        "GROUP_RANK": "1",
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "1",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-    }.items():
+    for name, value in {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}.items():  # a second node, no run id
         monkeypatch.setenv(name, value)
     nodes = ("trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2")
     with pytest.raises(UserError, match="has no run folder that every node and every restart agrees on"):

@@ -518,16 +518,9 @@ def test_sigterm_to_every_node_still_ends_preempted_with_a_resume_point(coco79, 
 def test_a_multi_node_launch_without_one_run_folder_is_refused_in_one_line(tmp_path):
     """torchrun's default rendezvous id ("none") names no run: two nodes would compose two
     ${now} folders, and a restart a third."""
-    env = {
-        **os.environ,
-        "TORCHELASTIC_RUN_ID": "none",
-        "RANK": "1",
-        "LOCAL_RANK": "0",
-        "GROUP_RANK": "1",
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "1",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-    }
+    from test_elastic import TORCHRUN
+
+    env = {**os.environ, **TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}  # node 1 of 2
     proc = subprocess.run(
         [sys.executable, str(REPO / "train.py"), "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2"],
         cwd=tmp_path,

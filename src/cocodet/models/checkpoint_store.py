@@ -76,10 +76,6 @@ def configure(folder: CheckpointFolder) -> None:
     configure_checkpoints(folder.options)  # also for a ckpt_path in a bucket
 
 
-def folder() -> CheckpointFolder:
-    return _folder
-
-
 def digest(data) -> str:
     return hashlib.sha256(memoryview(data)).hexdigest()
 
@@ -103,13 +99,12 @@ def store_down(error: StoreDown, newest_whole: str | None) -> CheckpointStoreDow
 
 
 def read(path: str, keep: bool = False) -> bytes:
-    """Every byte of the checkpoint at ``path`` (a file or an object), checked against the digest
-    its upload recorded. FileNotFoundError when there is none; :class:`CheckpointDigestError`
-    when the bytes changed since. ``keep``: an object read before the run is built (for the
-    groups it was trained with) is kept for the next read of it, the weights', which takes it."""
+    """Every byte of the checkpoint object at ``path``, checked against the digest its upload
+    recorded (a local file is torch.load's to read). FileNotFoundError when there is none;
+    :class:`CheckpointDigestError` when the bytes changed since. ``keep``: an object read before
+    the run is built (for the groups it was trained with) is kept for the next read of it, the
+    weights', which takes it."""
     global _kept
-    if not is_remote(path):
-        return read_bytes(path)
     if _kept is not None and _kept[0] == path:
         data, _kept = _kept[1], None
         return data
@@ -157,7 +152,7 @@ def checkpoints_in(dir_: str) -> list[tuple[str, float]]:
     if not is_remote(dir_):
         found = list(Path(dir_).glob(f"*{SUFFIX}")) if Path(dir_).is_dir() else []
         return [(str(p), p.stat().st_mtime) for p in found]
-    return [(url, modified(url)) for url, _, _ in objects.listed(dir_, STORE) if url.endswith(SUFFIX)]
+    return [(url, modified(url)) for url in objects.listed(dir_, STORE) if url.endswith(SUFFIX)]
 
 
 def abort_left_uploads() -> None:

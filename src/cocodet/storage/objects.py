@@ -141,29 +141,30 @@ def _abort(url: str, upload: str, store: str) -> None:
         log.warning("%s: an incomplete upload was left for the next run to abort (%s)", url, e)
 
 
-def listed(prefix: str, store: str) -> list[tuple[str, float, int]]:
-    """(URL, modified time as seconds since the epoch, size) of every object directly under the
-    folder ``prefix``."""
+def _pages(prefix: str, operation: str, method: str, store: str, following, **request):
+    """Every page of a listing ``method`` under ``prefix``; ``following(page)``: the markers of
+    the page after it, or None after the last."""
+    markers: dict = {}
+    while markers is not None:
+        page = call(prefix, operation, "call_s3", method, store=store, **request, **markers)
+        yield page
+        markers = following(page)
+
+
+def listed(prefix: str, store: str) -> list[str]:
+    """The URL of every object directly under the folder ``prefix``."""
     bucket, key = split(prefix.rstrip("/") + "/")
-    found = []
-    token = None
-    while True:
-        page = call(
-            prefix,
-            "ListObjectsV2",
-            "call_s3",
-            "list_objects_v2",
-            store=store,
-            Bucket=bucket,
-            Prefix=key,
-            Delimiter="/",
-            **({"ContinuationToken": token} if token else {}),
-        )
-        for item in page.get("Contents", []):
-            found.append((f"s3://{bucket}/{item['Key']}", _seconds(item["LastModified"]), int(item["Size"])))
-        token = page.get("NextContinuationToken")
-        if not token:
-            return found
+    pages = _pages(
+        prefix,
+        "ListObjectsV2",
+        "list_objects_v2",
+        store,
+        lambda page: {"ContinuationToken": page["NextContinuationToken"]} if page.get("IsTruncated") else None,
+        Bucket=bucket,
+        Prefix=key,
+        Delimiter="/",
+    )
+    return [f"s3://{bucket}/{item['Key']}" for page in pages for item in page.get("Contents", [])]
 
 
 def _seconds(when) -> float:
@@ -175,35 +176,33 @@ def abort_incomplete(prefix: str, store: str, before: float) -> int:
     it: another run's) begun before ``before`` (seconds since the epoch): what killed writers
     left. Returns how many."""
     bucket, key = split(prefix.rstrip("/") + "/")
-    aborted, markers = 0, {}
-    while True:
-        page = call(
+    pages = _pages(
+        prefix,
+        "ListMultipartUploads",
+        "list_multipart_uploads",
+        store,
+        lambda page: (
+            {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+            if page.get("IsTruncated")
+            else None
+        ),
+        Bucket=bucket,
+        Prefix=key,
+        Delimiter="/",
+    )
+    left = [upload for page in pages for upload in page.get("Uploads", []) if _seconds(upload["Initiated"]) < before]
+    for upload in left:
+        call(
             prefix,
-            "ListMultipartUploads",
+            "AbortMultipartUpload",
             "call_s3",
-            "list_multipart_uploads",
+            "abort_multipart_upload",
             store=store,
             Bucket=bucket,
-            Prefix=key,
-            Delimiter="/",
-            **markers,
+            Key=upload["Key"],
+            UploadId=upload["UploadId"],
         )
-        for upload in page.get("Uploads", []):
-            if _seconds(upload["Initiated"]) < before:
-                call(
-                    prefix,
-                    "AbortMultipartUpload",
-                    "call_s3",
-                    "abort_multipart_upload",
-                    store=store,
-                    Bucket=bucket,
-                    Key=upload["Key"],
-                    UploadId=upload["UploadId"],
-                )
-                aborted += 1
-        if not page.get("IsTruncated"):
-            return aborted
-        markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+    return len(left)
 
 
 def delete(url: str, store: str) -> None:
